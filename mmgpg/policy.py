@@ -1,0 +1,542 @@
+"""The policy: a Qwen2-VL / Qwen2.5-VL model, its processor, and the operations RL needs from them.
+
+Everything Qwen2-VL-specific (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``, M-RoPE, vision special
+tokens) stays in this file. The rest of mmgpg sees three operations:
+
+* :meth:`Policy.encode_prompts` — chat conversations with images → one left-padded :class:`PromptBatch`. Images go
+  through ``qwen_vl_utils`` (paths, URLs, base64, PIL) with the configured ``min_pixels``/``max_pixels``; rollout and
+  training share this single path.
+* :meth:`Policy.generate` — ``group_size`` sampled completions per prompt (:class:`Rollout`), prompt-major order
+  (prompt 0's completions first). The completion mask ends at the first EOS of *any* id in the generation config.
+* :meth:`Policy.completion_logprobs` — per-token log-probabilities of the completion tokens only, differentiable,
+  computed from hidden states in chunks so that peak memory is O(chunk × vocab) rather than
+  O(batch × length × vocab). Each prompt's images are encoded once and the features shared by its ``group_size``
+  sequences (``encode_images_once``); gradients from all copies flow back into the one vision-tower pass.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+TINY_PREFIX = "tiny"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Pure tensor functions (unit-tested on their own)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def completion_mask(completion_ids: torch.Tensor, eos_token_ids: Sequence[int]) -> torch.Tensor:
+    """Mask of the tokens that belong to each completion: every position up to and including the first EOS.
+
+    ``mask[i, t] = 1  iff  t <= first_eos(i)``, where ``first_eos(i)`` is the first position whose id is in
+    ``eos_token_ids`` (Qwen has two: ``<|im_end|>`` and ``<|endoftext|>``, and the pad id is also an EOS, so
+    ``ids != pad`` would be wrong). A completion without EOS (truncated at ``max_new_tokens``) is valid throughout.
+
+    >>> completion_mask(torch.tensor([[5, 2, 0, 0], [5, 6, 7, 8]]), [2, 0]).tolist()
+    [[True, True, False, False], [True, True, True, True]]
+    """
+    if completion_ids.ndim != 2:
+        raise ValueError(f"completion_ids must be 2-D [sequences, tokens]; got shape {tuple(completion_ids.shape)}")
+    if not eos_token_ids:
+        raise ValueError("eos_token_ids is empty: the model's generation config names no EOS token")
+    is_eos = torch.isin(completion_ids, torch.as_tensor(list(eos_token_ids), device=completion_ids.device))
+    # Number of EOS tokens strictly before position t; a token is kept while that count is 0.
+    eos_before = torch.cumsum(is_eos.int(), dim=1) - is_eos.int()
+    return eos_before == 0
+
+
+def group_image_index(images_per_prompt: Sequence[int], group_size: int) -> list[int]:
+    """Image indices of the expanded (prompt-major, ``group_size`` copies per prompt) batch.
+
+    Prompt ``p`` owns images ``offset_p .. offset_p + n_p - 1``; copy ``g`` of prompt ``p`` sees them in that order.
+
+    >>> group_image_index([2, 1], 2)
+    [0, 1, 0, 1, 2, 2]
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1; got {group_size}")
+    out: list[int] = []
+    offset = 0
+    for n in images_per_prompt:
+        own = list(range(offset, offset + n))
+        out.extend(own * group_size)
+        offset += n
+    return out
+
+
+def _chunk_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    logits = F.linear(hidden, weight, bias).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_size: int = 1024,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Log-probability of each target token under ``softmax((hidden @ weight.T + bias) / temperature)``.
+
+    ``logp[k] = z[k, y_k] - logsumexp_v z[k, v]`` with ``z = (h_k W^T + b) / T``, computed in float32.
+
+    ``hidden`` is ``[K, H]`` (only the positions that are scored), ``weight`` the ``[V, H]`` output embedding and
+    ``targets`` ``[K]``. The ``[chunk, V]`` logits of one chunk at a time exist; when gradients are needed each chunk is
+    recomputed in backward (activation checkpointing), so neither forward nor backward ever holds ``[K, V]``.
+    """
+    if hidden.ndim != 2 or targets.ndim != 1 or hidden.shape[0] != targets.shape[0]:
+        raise ValueError(f"hidden must be [K, H] and targets [K]; got {tuple(hidden.shape)} and {tuple(targets.shape)}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 to score tokens; got {temperature}")
+    needs_grad = torch.is_grad_enabled() and (
+        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    pieces = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
+        if needs_grad:
+            pieces.append(checkpoint(_chunk_logprobs, h, weight, bias, y, temperature, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(h, weight, bias, y, temperature))
+    if not pieces:
+        return hidden.new_zeros(0, dtype=torch.float32)
+    return torch.cat(pieces)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Batches
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PromptBatch:
+    """Left-padded chat prompts with their images, as the processor returns them."""
+
+    input_ids: torch.Tensor  # [P, Lp]
+    attention_mask: torch.Tensor  # [P, Lp]
+    mm_token_type_ids: torch.Tensor  # [P, Lp]; 1 at image tokens
+    pixel_values: torch.Tensor | None  # [sum_i t*h*w, C*T*p*p], flat over all images of all prompts
+    image_grid_thw: torch.Tensor | None  # [num_images, 3]
+    images_per_prompt: list[int]
+    texts: list[str]
+
+    @property
+    def num_prompts(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: torch.device | str) -> "PromptBatch":
+        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
+        return PromptBatch(**moved)
+
+
+@dataclass
+class Rollout:
+    """``group_size`` completions for each prompt of ``prompts``, prompt-major: row ``p * group_size + g``."""
+
+    prompts: PromptBatch
+    group_size: int
+    completion_ids: torch.Tensor  # [P*G, T], right-padded with the pad id after EOS
+    completion_mask: torch.Tensor  # [P*G, T] bool, True up to and including the first EOS
+    texts: list[str] = field(default_factory=list)  # decoded completions without special tokens
+
+    @property
+    def num_sequences(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return int(self.completion_mask.sum())
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Policy
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class Policy:
+    """A loaded Qwen2-VL / Qwen2.5-VL model with its processor. Build one with :func:`load_policy`."""
+
+    def __init__(self, model, processor, *, min_pixels: int, max_pixels: int, max_prompt_length: int | None = None):
+        model_type = getattr(model.config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"mmgpg supports model types {', '.join(SUPPORTED_MODEL_TYPES)}; got {model_type!r}. "
+                "Load a Qwen2-VL or Qwen2.5-VL checkpoint (e.g. Qwen/Qwen2-VL-2B-Instruct)."
+            )
+        if not 0 < min_pixels <= max_pixels:
+            raise ValueError(f"need 0 < min_pixels <= max_pixels; got min_pixels={min_pixels}, max_pixels={max_pixels}")
+        self.model = model
+        self.processor = processor
+        self.family = model_type
+        self.min_pixels = min_pixels
+        self.max_pixels = max_pixels
+        self.max_prompt_length = max_prompt_length
+        tok = processor.tokenizer
+        tok.padding_side = "left"
+        processor.image_processor.size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
+        gen = model.generation_config
+        eos = gen.eos_token_id if gen.eos_token_id is not None else tok.eos_token_id
+        self.eos_token_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        self.pad_token_id: int = gen.pad_token_id if gen.pad_token_id is not None else tok.pad_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = self.eos_token_ids[0]
+        ids = tok.convert_tokens_to_ids(list(VISION_SPECIAL_TOKENS))
+        self.vision_token_ids: list[int] = [i for i in ids if i is not None and i != tok.unk_token_id]
+        self.image_token_id: int = model.config.image_token_id
+        self.patch_size: int = int(getattr(processor.image_processor, "patch_size", 14))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ---- prompts --------------------------------------------------------------------------------------------------
+
+    def _with_pixel_bounds(self, conversation: list[dict]) -> list[dict]:
+        conversation = copy.copy(conversation)
+        for m, message in enumerate(conversation):
+            if isinstance(message.get("content"), list):
+                parts = []
+                for part in message["content"]:
+                    if isinstance(part, dict) and part.get("type") == "video" or (isinstance(part, dict) and "video" in part):
+                        raise ValueError("video inputs are not supported by mmgpg yet; give images")
+                    if isinstance(part, dict) and (part.get("type") in ("image", "image_url") or "image" in part):
+                        part = {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, **part}
+                    parts.append(part)
+                conversation[m] = {**message, "content": parts}
+        return conversation
+
+    def encode_prompts(self, conversations: Sequence[list[dict]]) -> PromptBatch:
+        """Turn chat conversations into one left-padded batch.
+
+        Each conversation is a list of ``{"role", "content"}`` messages; image parts are
+        ``{"type": "image", "image": PIL.Image | path | "file://..." | URL | "data:image/...;base64,..."}`` and may set
+        their own ``min_pixels``/``max_pixels`` (the policy's bounds are the default). A generation prompt is appended.
+        """
+        from qwen_vl_utils import extract_vision_info, process_vision_info
+
+        if not conversations:
+            raise ValueError("encode_prompts needs at least one conversation")
+        conversations = [self._with_pixel_bounds(c) for c in conversations]
+        texts = [self.processor.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
+        images_per_prompt = [len(extract_vision_info([c])) for c in conversations]
+        images = None
+        if sum(images_per_prompt):
+            images, _ = process_vision_info(list(conversations), image_patch_size=self.patch_size)[:2]
+        enc = self.processor(text=texts, images=images, padding=True, return_tensors="pt")
+        input_ids = enc["input_ids"]
+        mm = enc.get("mm_token_type_ids")
+        if mm is None:
+            mm = (input_ids == self.image_token_id).long()
+        if self.max_prompt_length is not None:
+            lengths = enc["attention_mask"].sum(-1)
+            too_long = [(i, int(n)) for i, n in enumerate(lengths) if n > self.max_prompt_length]
+            if too_long:
+                listed = ", ".join(f"prompt {i}: {n} tokens" for i, n in too_long)
+                raise ValueError(
+                    f"{len(too_long)} prompt(s) exceed max_prompt_length={self.max_prompt_length} ({listed}). "
+                    "Image tokens count too; lower model.max_pixels or raise max_prompt_length. "
+                    "mmgpg never truncates a prompt silently."
+                )
+        return PromptBatch(
+            input_ids=input_ids,
+            attention_mask=enc["attention_mask"],
+            mm_token_type_ids=mm,
+            pixel_values=enc.get("pixel_values"),
+            image_grid_thw=enc.get("image_grid_thw"),
+            images_per_prompt=images_per_prompt,
+            texts=texts,
+        )
+
+    # ---- sampling -------------------------------------------------------------------------------------------------
+
+    def sampling_kwargs(
+        self, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0
+    ) -> dict[str, Any]:
+        """``generate`` settings that fix every logits processor a checkpoint's generation config could switch on.
+
+        transformers fills any generation setting left at ``None`` from the checkpoint's ``generation_config.json``
+        (Qwen2-VL-Instruct ships ``top_k=1, top_p=0.001, temperature=0.1, repetition_penalty=1.05``), so the neutral
+        values are set explicitly. With ``temperature`` 1, ``top_p`` 1 and ``top_k`` 0, completions are sampled from
+        exactly the distribution :meth:`completion_logprobs` scores (on-policy). ``temperature=0`` is greedy decoding.
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
+        greedy = temperature == 0
+        return dict(
+            max_new_tokens=max_new_tokens,
+            do_sample=not greedy,
+            temperature=1.0 if greedy else float(temperature),
+            top_p=1.0 if greedy else float(top_p),
+            top_k=0 if greedy else int(top_k),
+            min_p=0.0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            min_new_tokens=0,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            # A sampled vision token would desynchronise image features and placeholders in the training forward.
+            suppress_tokens=self.vision_token_ids,
+        )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: PromptBatch,
+        group_size: int,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+    ) -> Rollout:
+        """Sample ``group_size`` completions per prompt (HF ``generate``; images are encoded once per prompt there)."""
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1; got {group_size}")
+        batch = prompts.to(self.device)
+        inputs = dict(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            mm_token_type_ids=batch.mm_token_type_ids,
+        )
+        if batch.pixel_values is not None:
+            inputs.update(pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(
+                **inputs,
+                num_return_sequences=group_size,
+                **self.sampling_kwargs(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k),
+            )
+        finally:
+            self.model.train(was_training)
+        completion_ids = out[:, batch.input_ids.shape[1] :]
+        mask = completion_mask(completion_ids, self.eos_token_ids)
+        self.check_no_vision_tokens(completion_ids, mask)
+        texts = self.processor.batch_decode(
+            completion_ids.masked_fill(~mask, self.pad_token_id), skip_special_tokens=True
+        )
+        return Rollout(prompts=prompts, group_size=group_size, completion_ids=completion_ids.cpu(),
+                       completion_mask=mask.cpu(), texts=texts)
+
+    def check_no_vision_tokens(self, completion_ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Refuse completions containing vision special tokens (e.g. from an engine without token suppression)."""
+        bad = torch.isin(completion_ids, torch.as_tensor(self.vision_token_ids, device=completion_ids.device)) & mask
+        if bad.any():
+            rows = sorted(set(bad.nonzero()[:, 0].tolist()))
+            raise ValueError(
+                f"completions {rows[:10]} contain vision special tokens {self.vision_token_ids}; they would break the "
+                "image-feature alignment of the training forward. Suppress them in the rollout engine."
+            )
+
+    # ---- scoring --------------------------------------------------------------------------------------------------
+
+    def _image_encoder_outputs(self, batch: PromptBatch, group_size: int) -> dict[str, Any]:
+        """Vision features of every image once, then shared by the ``group_size`` copies of its prompt."""
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        feats = self.model.model.get_image_features(batch.pixel_values, batch.image_grid_thw, return_dict=True)
+        per_image = feats.pooler_output
+        index = group_image_index(batch.images_per_prompt, group_size)
+        return {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(per_image[i] for i in index))}}
+
+    def _repeated_pixels(self, batch: PromptBatch, group_size: int) -> dict[str, Any]:
+        """Pixel rows of every image repeated per copy (the vision tower then runs ``group_size`` times per image)."""
+        rows = batch.image_grid_thw.prod(-1).tolist()
+        blocks = torch.split(batch.pixel_values, rows)
+        index = group_image_index(batch.images_per_prompt, group_size)
+        return {"pixel_values": torch.cat([blocks[i] for i in index])}
+
+    def completion_logprobs(
+        self,
+        rollout: Rollout,
+        *,
+        chunk_size: int = 1024,
+        temperature: float = 1.0,
+        encode_images_once: bool = True,
+        rows: slice | None = None,
+    ) -> torch.Tensor:
+        """Per-token log-probs ``[N, T]`` of the completion tokens (0 where the mask is 0), with gradients.
+
+        ``logp[i, t] = log softmax(z_{i, Lp + t - 1} / temperature)[y_{i, t}]``: the hidden state of the position before
+        each completion token, scored by the output embedding in chunks of ``chunk_size`` tokens
+        (:func:`chunked_token_logprobs`). Only masked-in positions are scored. ``rows`` selects a micro-batch of whole
+        prompt groups (a slice of prompts); the result then covers only those prompts' sequences.
+        """
+        batch, G = rollout.prompts, rollout.group_size
+        comp_ids, comp_mask = rollout.completion_ids, rollout.completion_mask
+        if rows is not None:
+            batch, comp_ids, comp_mask = _select_prompts(batch, rows, G, comp_ids, comp_mask)
+        device = self.device
+        batch = batch.to(device)
+        comp_ids, comp_mask = comp_ids.to(device), comp_mask.to(device)
+        prompt_len = batch.input_ids.shape[1]
+        input_ids = torch.cat([batch.input_ids.repeat_interleave(G, 0), comp_ids], dim=1)
+        attention_mask = torch.cat([batch.attention_mask.repeat_interleave(G, 0), comp_mask.long()], dim=1)
+        mm = torch.cat([batch.mm_token_type_ids.repeat_interleave(G, 0), torch.zeros_like(comp_ids)], dim=1)
+        kwargs: dict[str, Any] = dict(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=mm)
+        if batch.pixel_values is not None:
+            index = group_image_index(batch.images_per_prompt, G)
+            kwargs["image_grid_thw"] = batch.image_grid_thw[index]
+            kwargs.update(self._image_encoder_outputs(batch, G) if encode_images_once else self._repeated_pixels(batch, G))
+        hidden = self.model.model(**kwargs, use_cache=False).last_hidden_state
+        scored = hidden[:, prompt_len - 1 : -1][comp_mask]  # [K, H]: positions that predict completion tokens
+        head = self.model.get_output_embeddings()
+        logp = chunked_token_logprobs(
+            scored, head.weight, comp_ids[comp_mask], chunk_size=chunk_size, bias=head.bias, temperature=temperature
+        )
+        out = torch.zeros(comp_ids.shape, dtype=logp.dtype, device=device)
+        return out.masked_scatter(comp_mask, logp)
+
+
+def _select_prompts(batch: PromptBatch, rows: slice, group_size: int, comp_ids, comp_mask):
+    """The sub-batch of prompts ``rows`` (and their completions), trimmed of left padding shared by all of them."""
+    p_index = list(range(batch.num_prompts))[rows]
+    if not p_index or p_index != list(range(p_index[0], p_index[-1] + 1)):
+        raise ValueError(f"rows must select a non-empty contiguous range of prompts; got {rows}")
+    p0, p1 = p_index[0], p_index[-1] + 1
+    img_start = sum(batch.images_per_prompt[:p0])
+    img_end = img_start + sum(batch.images_per_prompt[p0:p1])
+    pixel_values = grid = None
+    if batch.image_grid_thw is not None and img_end > img_start:
+        row_counts = batch.image_grid_thw.prod(-1)
+        r0, r1 = int(row_counts[:img_start].sum()), int(row_counts[:img_end].sum())
+        pixel_values, grid = batch.pixel_values[r0:r1], batch.image_grid_thw[img_start:img_end]
+    attn = batch.attention_mask[p0:p1]
+    keep_from = int((attn.sum(0) > 0).nonzero()[0]) if attn.any() else 0
+    sub = PromptBatch(
+        input_ids=batch.input_ids[p0:p1, keep_from:],
+        attention_mask=attn[:, keep_from:],
+        mm_token_type_ids=batch.mm_token_type_ids[p0:p1, keep_from:],
+        pixel_values=pixel_values,
+        image_grid_thw=grid,
+        images_per_prompt=batch.images_per_prompt[p0:p1],
+        texts=batch.texts[p0:p1],
+    )
+    s0, s1 = p0 * group_size, p1 * group_size
+    return sub, comp_ids[s0:s1], comp_mask[s0:s1]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """Where mmgpg keeps models it builds itself (``$MMGPG_CACHE`` or ``~/.cache/mmgpg``)."""
+    return Path(os.environ.get("MMGPG_CACHE", Path.home() / ".cache" / "mmgpg"))
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Map ``tiny`` / ``tiny:qwen2_5_vl`` to an offline-built model directory (built once, then cached).
+
+    Any other value is returned unchanged: a local directory or a Hugging Face hub id.
+    """
+    if name_or_path != TINY_PREFIX and not name_or_path.startswith(TINY_PREFIX + ":"):
+        return name_or_path
+    from mmgpg.tiny import FAMILIES, build_and_save
+
+    family = name_or_path.partition(":")[2] or "qwen2_vl"
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny model family {family!r}; use one of: tiny, " + ", ".join(f"tiny:{f}" for f in FAMILIES))
+    target = cache_dir() / f"tiny-{family}-seed0"
+    if not (target / "model.safetensors").exists():
+        import tempfile
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+        build_and_save(tmp, family=family)
+        try:
+            tmp.rename(target)
+        except OSError:  # built concurrently by another process: keep theirs
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    """``auto`` is bfloat16 on a GPU that supports it and float32 otherwise."""
+    if name == "auto":
+        dev = torch.device(device)
+        if dev.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16; got {name!r}")
+    return getattr(torch, name)
+
+
+def default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def load_policy(
+    name_or_path: str,
+    *,
+    dtype: str = "auto",
+    min_pixels: int = 3136,
+    max_pixels: int = 401408,
+    attn_implementation: str | None = "sdpa",
+    device: torch.device | str | None = None,
+    max_prompt_length: int | None = None,
+) -> Policy:
+    """Load a Qwen2-VL / Qwen2.5-VL policy from a hub id or a local directory (never ``trust_remote_code``).
+
+    ``name_or_path`` may also be ``tiny`` or ``tiny:qwen2_5_vl`` for a model built offline (:mod:`mmgpg.tiny`).
+    """
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    path = resolve_model_path(name_or_path)
+    if not Path(path).exists() and path.startswith(("/", "./", "../", "~")):
+        raise FileNotFoundError(f"model directory {path!r} does not exist")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as err:
+        raise OSError(
+            f"could not load model {name_or_path!r}: it is not a local directory and the Hugging Face hub did not "
+            f"provide it ({err}). Offline, download it elsewhere and pass the directory, or use model=tiny."
+        ) from err
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{name_or_path!r} is a {config.model_type!r} model; mmgpg supports {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    device = torch.device(device) if device is not None else default_device()
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, device)}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
+    processor = AutoProcessor.from_pretrained(path)
+    return Policy(model, processor, min_pixels=min_pixels, max_pixels=max_pixels, max_prompt_length=max_prompt_length)
+
+
+def num_visual_tokens(height: int, width: int, min_pixels: int, max_pixels: int, factor: int = 28) -> int:
+    """Merged visual tokens an image of this size becomes: ``(h' / factor) * (w' / factor)`` after smart resize."""
+    from qwen_vl_utils import smart_resize
+
+    h, w = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
+    return math.prod((h // factor, w // factor))
