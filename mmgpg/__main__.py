@@ -1,0 +1,3 @@
+from mmgpg.cli import main
+
+raise SystemExit(main())

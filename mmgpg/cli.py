@@ -1,0 +1,285 @@
+"""The ``mmgpg`` command. Each subcommand's ``--help`` says what it does; config arguments are ``GROUP=NAME`` and
+``a.b=c`` (see ``mmgpg config show --doc`` for every field)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Sequence
+
+OVERRIDES_HELP = (
+    "config groups GROUP=NAME (e.g. task=shapes model=tiny) and field overrides a.b=c "
+    "(e.g. rollout.group_size=4); `mmgpg config show --doc` documents every field"
+)
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=OVERRIDES_HELP)
+    p.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+                   help="extra folder with base.yaml and group folders, searched before the built-in configs/")
+
+
+def _resolve(args):
+    from mmgpg.config import resolve
+
+    return resolve(args.overrides, config_dirs=args.config_dir)
+
+
+# ---- mmgpg model --------------------------------------------------------------------------------------------------
+
+
+def cmd_model_tiny(args) -> int:
+    from mmgpg.tiny import build_and_save, count_parameters
+
+    t0 = time.perf_counter()
+    out = build_and_save(args.out, family=args.family, size=args.size, seed=args.seed, dtype=args.dtype)
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(out)
+    counts = count_parameters(model)
+    print(f"built {args.size} {args.family} in {out} ({time.perf_counter() - t0:.1f} s): "
+          f"{counts['total']:,} parameters ({counts['vision']:,} vision, {counts['language']:,} language), "
+          f"vocab {model.config.text_config.vocab_size:,}")
+    return 0
+
+
+def cmd_model_info(args) -> int:
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
+
+    from mmgpg.policy import resolve_model_path
+    from mmgpg.tiny import count_parameters
+
+    path = resolve_model_path(args.model)
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    counts = count_parameters(model)
+    text = config.text_config
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:
+        eos = text.eos_token_id
+    info = {
+        "path": path,
+        "model_type": config.model_type,
+        "parameters": counts,
+        "vocab_size": text.vocab_size,
+        "hidden_size": text.hidden_size,
+        "layers": text.num_hidden_layers,
+        "vision_depth": config.vision_config.depth,
+        "eos_token_ids": eos,
+        "image_token_id": config.image_token_id,
+    }
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+# ---- mmgpg config -------------------------------------------------------------------------------------------------
+
+
+def cmd_config_show(args) -> int:
+    from mmgpg.config import to_yaml
+
+    resolved = _resolve(args)
+    sys.stdout.write(to_yaml(resolved.config, with_docs=args.doc))
+    return 0
+
+
+def cmd_config_groups(args) -> int:
+    from mmgpg.config import available_groups, config_search_path
+
+    for group, names in available_groups(config_search_path(args.config_dir)).items():
+        print(f"{group}: {' '.join(names)}")
+    return 0
+
+
+# ---- mmgpg tasks --------------------------------------------------------------------------------------------------
+
+
+def cmd_tasks(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from mmgpg.task import TaskNotFound, find_task_class, registered_tasks
+
+    table = Table(title="mmgpg tasks (entry points: mmgpg.tasks)")
+    for col in ("name", "version", "rewards", "provided by", "description"):
+        table.add_column(col)
+    for name, ep in sorted(registered_tasks().items()):
+        try:
+            cls = find_task_class(name)
+            task = cls()
+            rewards = ", ".join(task.rewards)
+            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            table.add_row(name, str(cls.version), rewards, ep.value, doc)
+        except (TaskNotFound, TypeError, ValueError) as err:
+            table.add_row(name, "?", "?", ep.value, f"[red]cannot load: {err}[/red]")
+    Console().print(table)
+    print("A task in a local file: task=path/to/file.py:ClassName")
+    return 0
+
+
+# ---- mmgpg sample -------------------------------------------------------------------------------------------------
+
+
+def cmd_sample(args) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from mmgpg.config import save_config
+    from mmgpg.policy import load_policy
+    from mmgpg.task import build_task, task_rewards
+    from mmgpg.utils import make_run_dir, resolve_device, seed_everything
+
+    console = Console()
+    resolved = _resolve(args)
+    cfg = resolved.config
+    run_dir = make_run_dir(cfg.output_dir, "sample")
+    save_config(resolved, run_dir, "sample")
+    seed_everything(cfg.seed)
+    timings: dict[str, float] = {}
+
+    t0 = time.perf_counter()
+    with console.status(f"loading {cfg.model.name_or_path} ..."):
+        policy = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, min_pixels=cfg.model.min_pixels,
+                             max_pixels=cfg.model.max_pixels, attn_implementation=cfg.model.attn_implementation,
+                             device=resolve_device(cfg.device), max_prompt_length=cfg.model.max_prompt_length)
+        task = build_task(cfg.task.name, cfg.task.options)
+    timings["load"] = time.perf_counter() - t0
+    examples = task.load(args.split)[: args.prompts]
+    r = cfg.rollout
+
+    t0 = time.perf_counter()
+    batch = policy.encode_prompts([task.prompt(ex) for ex in examples])
+    timings["encode"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with console.status(f"sampling {r.group_size} completions for each of {len(examples)} prompts ..."):
+        rollout = policy.generate(batch, r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                                  top_p=r.top_p, top_k=r.top_k)
+    timings["rollout"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        logprobs = policy.completion_logprobs(rollout, chunk_size=cfg.model.logprob_chunk_size,
+                                              temperature=r.temperature or 1.0,
+                                              encode_images_once=cfg.model.encode_images_once)
+    timings["logprobs"] = time.perf_counter() - t0
+
+    records = []
+    for i, text in enumerate(rollout.texts):
+        ex = examples[i // r.group_size]
+        scores = task_rewards(task, text, ex)
+        n_tokens = int(rollout.completion_mask[i].sum())
+        records.append({
+            "prompt_id": ex.id, "sample": i % r.group_size, "answer": ex.answer, "completion": text,
+            "tokens": n_tokens, "truncated": bool(rollout.completion_mask[i].all()),
+            "logprob_sum": float(logprobs[i].sum()), "rewards": scores,
+        })
+    with open(run_dir / "samples.jsonl", "w") as f:
+        for rec in records:
+            f.write(json.dumps(rec, default=str) + "\n")
+
+    table = Table(title=f"{len(examples)} prompts x {r.group_size} completions ({args.show} shown per prompt)")
+    for col in ("prompt", "gold", "completion", "tokens", "sum log p", *task.rewards):
+        table.add_column(col, overflow="fold")
+    for rec in records:
+        if rec["sample"] < args.show:
+            text = rec["completion"].replace("\n", " ")
+            table.add_row(rec["prompt_id"], str(rec["answer"]), text[:70] + ("…" if len(text) > 70 else ""),
+                          str(rec["tokens"]), f"{rec['logprob_sum']:.2f}",
+                          *(f"{rec['rewards'][k]:.2f}" for k in task.rewards))
+    console.print(table)
+    means = {k: sum(rec["rewards"][k] for rec in records) / len(records) for k in [*task.rewards, "total"]}
+    console.print("mean rewards: " + ", ".join(f"reward/{k}={v:.3f}" for k, v in means.items()))
+    console.print("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items())
+                  + f"; {rollout.num_completion_tokens} completion tokens")
+    console.print(f"wrote {run_dir / 'samples.jsonl'} and {run_dir / 'config.yaml'}")
+    return 0
+
+
+# ---- parser -------------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mmgpg import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="mmgpg",
+        description="GPG (Group Policy Gradient) and GRPO for vision-language models (Qwen2-VL, Qwen2.5-VL).",
+    )
+    parser.add_argument("--version", action="version", version=f"mmgpg {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("sample", help="sample G completions per task prompt and score them (log-probs, rewards)",
+                       description="Load the policy, sample rollout.group_size completions for the first --prompts "
+                       "items of the task split, compute their token log-probs exactly as a training step does, "
+                       "score them with the task's rewards, print a table and write samples.jsonl + config.yaml "
+                       "to the run directory.")
+    _add_config_args(p)
+    p.add_argument("--prompts", type=int, default=2, help="number of task items to sample for (default 2)")
+    p.add_argument("--split", default="train", help="task split to read (default train)")
+    p.add_argument("--show", type=int, default=4, help="completions per prompt to print (default 4)")
+    p.set_defaults(func=cmd_sample)
+
+    p = sub.add_parser("model", help="build or inspect models", description="Build or inspect models.")
+    msub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    t = msub.add_parser("tiny", help="build a Qwen2-VL / Qwen2.5-VL offline (random init, real classes)",
+                        description="Build a randomly initialised Qwen2-VL or Qwen2.5-VL with a tokenizer and "
+                        "processor made locally, and save it as a Hugging Face directory that AutoProcessor and "
+                        "AutoModelForImageTextToText load. --size shape_true uses the real 2B/3B dimensions "
+                        "(vocab 151,936) for memory and speed measurements.")
+    t.add_argument("--out", required=True, help="output directory")
+    t.add_argument("--family", choices=["qwen2_vl", "qwen2_5_vl"], default="qwen2_vl")
+    t.add_argument("--size", choices=["tiny", "shape_true"], default="tiny",
+                   help="tiny (~1M params) or shape_true (Qwen2-VL-2B / Qwen2.5-VL-3B dimensions; ~9 GB in fp32)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help="saved dtype (default float32 for tiny, bfloat16 for shape_true)")
+    t.set_defaults(func=cmd_model_tiny)
+    i = msub.add_parser("info", help="print a model's family, sizes, parameter counts and EOS ids",
+                        description="Print a model's family, sizes, parameter counts and EOS ids without loading "
+                        "its weights.")
+    i.add_argument("model", help="hub id, local directory, or tiny / tiny:qwen2_5_vl")
+    i.set_defaults(func=cmd_model_info)
+
+    p = sub.add_parser("config", help="show the resolved configuration", description="Inspect configuration.")
+    csub = p.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    s = csub.add_parser("show", help="print the resolved config as YAML",
+                        description="Resolve groups and overrides exactly as a run would and print the result as YAML.")
+    _add_config_args(s)
+    s.add_argument("--doc", action="store_true", help="put each field's documentation above it as a comment")
+    s.set_defaults(func=cmd_config_show)
+    g = csub.add_parser("groups", help="list the config groups and their choices",
+                        description="List the config groups (configs/<group>/<name>.yaml) and their choices.")
+    g.add_argument("--config-dir", action="append", default=[], metavar="DIR")
+    g.set_defaults(func=cmd_config_groups)
+
+    p = sub.add_parser("tasks", help="list the installed task plugins",
+                       description="List the task plugins registered under the entry-point group mmgpg.tasks.")
+    p.set_defaults(func=cmd_tasks)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from mmgpg.config import ConfigError
+    from mmgpg.task import TaskNotFound
+
+    parser = build_parser()
+    # Overrides may come before or after options (`mmgpg sample --prompts 4 task=shapes model=tiny`).
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
+            parser.error("unrecognized arguments: " + " ".join(extra))
+        args.overrides = [*args.overrides, *extra]
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, TaskNotFound, FileNotFoundError) as err:
+        print(f"mmgpg {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,561 @@
+"""Configuration: one dataclass schema, YAML groups, ``key=value`` overrides, validation that reports every problem.
+
+The schema below is the only place a field is documented: the string literal under each field is its docstring
+(``mmgpg config show --doc`` prints them as comments).
+
+Resolution order, later wins:
+
+1. the dataclass defaults;
+2. ``configs/base.yaml``;
+3. group selections ``GROUP=NAME`` (e.g. ``task=shapes``, ``model=tiny``), in command-line order: the file
+   ``configs/GROUP/NAME.yaml`` (or ``GROUP=path/to/file.yaml``), a partial config of the same shape as the schema;
+4. overrides ``a.b=c``, in command-line order (values are parsed as YAML: ``1e-6``, ``true``, ``[1, 2]``).
+
+Problems are collected — unknown keys (with a did-you-mean), wrong types, out-of-range values, unknown groups — and
+raised once as :class:`ConfigError`, each saying what, what was given, why it is wrong and how to fix it. The
+resolved config is written to ``config.yaml`` in every run directory (:func:`save_config`).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import re
+import textwrap
+import types
+import typing
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import yaml
+
+# --------------------------------------------------------------------------------------------------------------------
+# Schema
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = "tiny"
+    """Policy checkpoint: a Hugging Face hub id (e.g. Qwen/Qwen2-VL-2B-Instruct), a local directory, or `tiny` /
+    `tiny:qwen2_5_vl` for a ~1M-parameter model that mmgpg builds offline and caches in ~/.cache/mmgpg."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Parameter dtype; `auto` is bfloat16 on a GPU that supports it, float32 otherwise."""
+    attn_implementation: str = "sdpa"
+    """transformers attention backend: sdpa, eager or flash_attention_2 (the latter needs flash-attn on a GPU)."""
+    min_pixels: int = 3136
+    """Smallest image area after resizing, in pixels (3136 = 56*56 = 4 visual tokens). Same value in rollout and training."""
+    max_pixels: int = 401408
+    """Largest image area after resizing, in pixels; 401408 = 512*28*28 = at most 512 visual tokens (the GPG scripts)."""
+    max_prompt_length: int = 1024
+    """Longest prompt in tokens, image tokens included. A longer prompt is an error, never silently truncated."""
+    logprob_chunk_size: int = 1024
+    """Completion tokens scored per chunk; peak log-prob memory is about chunk x vocab x 4 bytes x 3."""
+    encode_images_once: bool = True
+    """Run the vision tower once per prompt and share the features among its group_size completions when scoring."""
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 8
+    """Completions sampled per prompt (G in the papers)."""
+    max_new_tokens: int = 256
+    """Longest completion in tokens; a completion cut here has no EOS and counts as truncated."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 is greedy decoding. Log-probs are scored at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 keeps the full distribution (exactly on-policy)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 disables it (exactly on-policy). The GPG authors' code sampled with 50."""
+
+
+@dataclass
+class TaskConfig:
+    name: str = "shapes"
+    """Task plugin: a registered name (`mmgpg tasks` lists them) or `path/to/file.py:ClassName`."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Task-specific options, written flat under `task:` (e.g. `task.num_train=500`); each task documents its own."""
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model and its image preprocessing."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """The task: its prompts, images and rewards."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How completions are sampled."""
+    output_dir: str = ""
+    """Run directory; empty means runs/<command>-<YYYYmmdd-HHMMSS>. The resolved config is saved there as config.yaml."""
+    seed: int = 0
+    """Seed for Python, NumPy and torch (CPU and GPU) RNGs."""
+    device: str = "auto"
+    """Torch device: auto (cuda:LOCAL_RANK when a GPU exists, else cpu), cpu, cuda, cuda:1, ..."""
+
+
+# The flat-options convention: keys under `task:` other than `name` belong to the task plugin.
+_OPEN_SECTIONS: dict[type, str] = {TaskConfig: "options"}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Problem:
+    """One configuration problem: which key, what was given, why it is wrong, how to fix it."""
+
+    key: str
+    got: Any
+    why: str
+    fix: str
+
+    def __str__(self) -> str:
+        got = "nothing" if self.got is _MISSING else f"{self.got!r}"
+        return f"{self.key}: got {got}. {self.why} Fix: {self.fix}"
+
+
+class ConfigError(ValueError):
+    """All problems found in one configuration, raised together."""
+
+    def __init__(self, problems: Sequence[Problem]):
+        self.problems = list(problems)
+        lines = [f"{len(self.problems)} problem(s) in the configuration:"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+_MISSING = object()
+
+
+def did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    """`` Did you mean 'x'?`` for the closest candidate, or ``''``."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Field documentation (the docstring under each field)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """``{field: docstring}`` from the string literal written under each field of a dataclass."""
+    source = textwrap.dedent(inspect.getsource(cls))
+    body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# dict <-> dataclass with type checks
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Return ``(ok, value)``: ``value`` converted to ``tp`` where that is lossless (``"1e-6"`` → float)."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return True, value
+    if origin is Literal:
+        return (value in typing.get_args(tp)), value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, v = _coerce(value, arg)
+            if ok:
+                return True, v
+        return False, value
+    if tp is type(None):
+        return value is None, value
+    if tp is bool:
+        if isinstance(value, bool):
+            return True, value
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            return True, value.lower() == "true"
+        return False, value
+    if tp is int:
+        if isinstance(value, bool):
+            return False, value
+        if isinstance(value, int):
+            return True, value
+        if isinstance(value, float) and value.is_integer():
+            return True, int(value)
+        if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
+            return True, int(value)
+        return False, value
+    if tp is float:
+        if isinstance(value, bool):
+            return False, value
+        if isinstance(value, (int, float)):
+            return True, float(value)
+        if isinstance(value, str):
+            try:
+                return True, float(value)
+            except ValueError:
+                return False, value
+        return False, value
+    if tp is str:
+        return isinstance(value, str), value
+    if origin in (list, tuple, Sequence):
+        if not isinstance(value, (list, tuple)):
+            return False, value
+        (arg, *_) = typing.get_args(tp) or (Any,)
+        out = []
+        for item in value:
+            ok, v = _coerce(item, arg)
+            if not ok:
+                return False, value
+            out.append(v)
+        return True, list(out)
+    if origin is dict:
+        return isinstance(value, dict), value
+    return isinstance(value, tp), value
+
+
+def from_dict(cls: type, data: Any, problems: list[Problem], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from nested dicts, appending a :class:`Problem` for every mismatch."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    open_key = _OPEN_SECTIONS.get(cls)
+    if not isinstance(data, dict):
+        problems.append(Problem(prefix.rstrip(".") or "<root>", data, "Expected a mapping of fields.",
+                                f"give {prefix.rstrip('.') or 'the config'} as `key: value` lines."))
+        return cls()
+    kwargs: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in data.items():
+        key = str(key)
+        if key not in fields or key == open_key:
+            if open_key:
+                if key == open_key and isinstance(value, dict):
+                    extra.update(value)
+                else:
+                    extra[key] = value
+                continue
+            problems.append(Problem(prefix + key, value, f"{cls.__name__} has no field {key!r}.",
+                                    "remove it or use one of: " + ", ".join(fields) + "." + did_you_mean(key, list(fields))))
+            continue
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = from_dict(tp, value, problems, prefix + key + ".")
+            continue
+        ok, coerced = _coerce(value, tp)
+        if not ok:
+            doc = field_docs(cls).get(key, "")
+            problems.append(Problem(prefix + key, value, f"Expected {_type_name(tp)}." + (f" ({doc})" if doc else ""),
+                                    f"set {prefix + key}=<{_type_name(tp)}>."))
+            continue
+        kwargs[key] = coerced
+    if open_key:
+        kwargs[open_key] = {**kwargs.get(open_key, {}), **extra} if extra else kwargs.get(open_key, {})
+    return cls(**kwargs)
+
+
+def to_dict(obj: Any) -> Any:
+    """Nested plain dict of a config dataclass (task options flattened back under ``task:``)."""
+    if dataclasses.is_dataclass(obj):
+        out: dict[str, Any] = {}
+        open_key = _OPEN_SECTIONS.get(type(obj))
+        for f in dataclasses.fields(obj):
+            value = to_dict(getattr(obj, f.name))
+            if f.name == open_key:
+                out.update(value)
+            else:
+                out[f.name] = value
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# YAML groups and overrides
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def builtin_config_dir() -> Path:
+    """The packaged ``configs/`` folder (``mmgpg.configs``; the repository's ``configs/`` in an editable install)."""
+    from importlib.resources import files
+
+    return Path(str(files("mmgpg.configs")))
+
+
+def config_search_path(extra: Sequence[str | Path] = ()) -> list[Path]:
+    """Folders searched for ``base.yaml`` and groups: the user's (``--config-dir``) first, then the built-in one."""
+    return [Path(p) for p in extra] + [builtin_config_dir()]
+
+
+def available_groups(search_path: Sequence[Path]) -> dict[str, list[str]]:
+    """``{group: [names]}`` over the search path (a group is a sub-folder holding ``*.yaml`` files)."""
+    groups: dict[str, set[str]] = {}
+    for root in search_path:
+        if root.is_dir():
+            for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+                names = {f.stem for f in sub.glob("*.yaml")}
+                if names:
+                    groups.setdefault(sub.name, set()).update(names)
+    return {g: sorted(n) for g, n in sorted(groups.items())}
+
+
+def _read_yaml(path: Path, problems: list[Problem], key: str) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        problems.append(Problem(key, str(path), f"Could not read it as YAML ({err}).", "fix the file's YAML syntax."))
+        return {}
+    if not isinstance(data, dict):
+        problems.append(Problem(key, str(path), "The file is not a mapping of config fields.",
+                                "write it as nested `key: value` lines shaped like `mmgpg config show`."))
+        return {}
+    return data
+
+
+def _merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for p in parents:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    node[leaf] = value
+
+
+def _parse_value(text: str) -> Any:
+    if text == "":
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _find_group_file(group: str, name: str, search_path: Sequence[Path]) -> Path | None:
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        p = Path(name).expanduser()
+        return p if p.is_file() else None
+    for root in search_path:
+        p = root / group / f"{name}.yaml"
+        if p.is_file():
+            return p
+    return None
+
+
+@dataclass
+class Resolved:
+    """The outcome of :func:`resolve`: the config plus how it came about."""
+
+    config: Config
+    groups: dict[str, str]
+    overrides: list[str]
+
+
+def resolve(args: Sequence[str] = (), config_dirs: Sequence[str | Path] = (), validate_config: bool = True) -> Resolved:
+    """Resolve ``GROUP=NAME`` and ``a.b=c`` arguments into a validated :class:`Config` (see the module docstring)."""
+    search_path = config_search_path(config_dirs)
+    groups = available_groups(search_path)
+    problems: list[Problem] = []
+    tree: dict = to_dict(Config())
+    for root in reversed(search_path):
+        base = root / "base.yaml"
+        if base.is_file():
+            tree = _merge(tree, _read_yaml(base, problems, "base.yaml"))
+    selected: dict[str, str] = {}
+    overrides: list[str] = []
+    top_fields = {f.name for f in dataclasses.fields(Config)}
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(Problem(arg, arg, "Arguments must look like GROUP=NAME or a.b.c=value.",
+                                    "write e.g. task=shapes or rollout.group_size=8."))
+            continue
+        if "." not in key and (key in groups or key not in top_fields):
+            if key not in groups and not raw.endswith((".yaml", ".yml")):
+                problems.append(Problem(key, raw, f"{key!r} is neither a config group nor a top-level field.",
+                                        "use one of the groups " + ", ".join(groups) + " or the fields "
+                                        + ", ".join(sorted(top_fields)) + "." + did_you_mean(key, [*groups, *top_fields])))
+                continue
+            path = _find_group_file(key, raw, search_path)
+            if path is None:
+                names = groups.get(key, [])
+                problems.append(Problem(key, raw, f"No config file {key}/{raw}.yaml in {', '.join(map(str, search_path))}.",
+                                        "choose one of: " + (", ".join(names) or "(none)") + "." + did_you_mean(raw, names)))
+                continue
+            tree = _merge(tree, _read_yaml(path, problems, f"{key}={raw}"))
+            selected[key] = raw
+        else:
+            value = _parse_value(raw)
+            if dataclasses.is_dataclass(_field_type(key)) and not isinstance(value, dict):
+                problems.append(Problem(key, value, f"{key!r} is a section, not a value.",
+                                        f"set one of its fields, e.g. {key}.<field>=..."))
+                continue
+            _set_dotted(tree, key, value)
+            overrides.append(arg)
+    config = from_dict(Config, tree, problems)
+    if validate_config:
+        problems += check(config)
+    if problems:
+        raise ConfigError(problems)
+    return Resolved(config=config, groups=selected, overrides=overrides)
+
+
+def _field_type(dotted: str) -> Any:
+    cls: Any = Config
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(cls):
+            return None
+        hints = typing.get_type_hints(cls)
+        if part not in hints:
+            return None
+        cls = hints[part]
+    return cls
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Validation of values
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def check(cfg: Config) -> list[Problem]:
+    """Every problem with the values of a well-typed config (ranges, relations, the task and its options)."""
+    p: list[Problem] = []
+    m, r = cfg.model, cfg.rollout
+    if m.min_pixels < 1:
+        p.append(Problem("model.min_pixels", m.min_pixels, "Images need a positive area.", "set model.min_pixels=3136."))
+    if m.max_pixels < m.min_pixels:
+        p.append(Problem("model.max_pixels", m.max_pixels, f"It is below model.min_pixels={m.min_pixels}.",
+                         "raise model.max_pixels or lower model.min_pixels."))
+    if m.max_prompt_length < 1:
+        p.append(Problem("model.max_prompt_length", m.max_prompt_length, "Prompts need at least one token.",
+                         "set model.max_prompt_length=1024."))
+    if m.logprob_chunk_size < 1:
+        p.append(Problem("model.logprob_chunk_size", m.logprob_chunk_size, "Chunks need at least one token.",
+                         "set model.logprob_chunk_size=1024."))
+    if r.group_size < 1:
+        p.append(Problem("rollout.group_size", r.group_size, "Each prompt needs at least one completion.",
+                         "set rollout.group_size=8."))
+    if r.max_new_tokens < 1:
+        p.append(Problem("rollout.max_new_tokens", r.max_new_tokens, "Completions need at least one token.",
+                         "set rollout.max_new_tokens=256."))
+    if r.temperature < 0:
+        p.append(Problem("rollout.temperature", r.temperature, "Temperatures are >= 0 (0 = greedy).",
+                         "set rollout.temperature=1.0."))
+    if not 0 < r.top_p <= 1:
+        p.append(Problem("rollout.top_p", r.top_p, "top_p is a probability mass in (0, 1].", "set rollout.top_p=1.0."))
+    if r.top_k < 0:
+        p.append(Problem("rollout.top_k", r.top_k, "top_k counts tokens (0 disables it).", "set rollout.top_k=0."))
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", cfg.device):
+        p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
+    p += _check_task(cfg.task)
+    return p
+
+
+def _check_task(task: TaskConfig) -> list[Problem]:
+    from mmgpg.task import TaskNotFound, find_task_class, options_problems
+
+    try:
+        cls = find_task_class(task.name)
+    except TaskNotFound as err:
+        return [Problem("task.name", task.name, err.why, err.fix)]
+    return options_problems(cls, task.options)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# YAML output
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _scalar(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True, width=10**9).strip().removesuffix("...").strip()
+
+
+def to_yaml(cfg: Config, with_docs: bool = False) -> str:
+    """The config as YAML; ``with_docs`` puts each field's docstring above it as a comment."""
+    lines: list[str] = []
+
+    def emit(obj: Any, indent: int) -> None:
+        pad = "  " * indent
+        open_key = _OPEN_SECTIONS.get(type(obj))
+        docs = field_docs(type(obj))
+        option_docs = _task_option_docs(obj.name) if isinstance(obj, TaskConfig) and with_docs else {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if with_docs and f.name in docs and f.name != open_key:
+                lines.extend(pad + "# " + line for line in textwrap.wrap(docs[f.name], 100))
+            if dataclasses.is_dataclass(value):
+                lines.append(f"{pad}{f.name}:")
+                emit(value, indent + 1)
+            elif f.name == open_key:
+                for k, v in value.items():
+                    if k in option_docs:
+                        lines.extend(pad + "# " + line for line in textwrap.wrap(option_docs[k], 100))
+                    lines.append(f"{pad}{k}: {_scalar(v)}")
+            else:
+                lines.append(f"{pad}{f.name}: {_scalar(value)}")
+
+    emit(cfg, 0)
+    return "\n".join(lines) + "\n"
+
+
+def _task_option_docs(name: str) -> dict[str, str]:
+    from mmgpg.task import TaskNotFound, find_task_class
+
+    try:
+        cls = find_task_class(name)
+    except TaskNotFound:
+        return {}
+    return field_docs(cls) if dataclasses.is_dataclass(cls) else {}
+
+
+def save_config(resolved: Resolved, run_dir: str | Path, command: str) -> Path:
+    """Write the resolved config to ``run_dir/config.yaml`` with a header naming how it was made."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    header = [f"# mmgpg {command} — resolved configuration"]
+    if resolved.groups:
+        header.append("# groups: " + " ".join(f"{k}={v}" for k, v in resolved.groups.items()))
+    if resolved.overrides:
+        header.append("# overrides: " + " ".join(resolved.overrides))
+    path = run_dir / "config.yaml"
+    path.write_text("\n".join(header) + "\n" + to_yaml(resolved.config))
+    return path
+
+
+def load_config(path: str | Path) -> Config:
+    """Read a saved ``config.yaml`` back (validated)."""
+    problems: list[Problem] = []
+    cfg = from_dict(Config, _read_yaml(Path(path), problems, str(path)), problems)
+    problems += check(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return cfg

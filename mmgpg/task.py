@@ -1,0 +1,160 @@
+"""Tasks: the plugin interface and the registry that finds plugins.
+
+A task is any class with this shape (no base class needed)::
+
+    class MyTask:
+        name = "my_task"
+        version = "1"
+        def load(self, split: str) -> Sequence[Example]: ...
+        def prompt(self, example: Example) -> list[dict]: ...        # chat messages with image parts
+        rewards: Mapping[str, Callable[[str, Example], float]]       # named, pure, total reward functions
+        def metrics(self, completion: str, example: Example) -> dict[str, float]: ...   # optional
+        def aggregate(self, per_sample: list[dict[str, float]]) -> dict[str, float]: ...  # optional (mean)
+
+If the class is a dataclass, its fields are the task's options, set flat under ``task:`` in the config
+(``task.num_train=500``) and type-checked like every other field.
+
+Where tasks come from:
+
+* the entry-point group ``mmgpg.tasks`` — the built-ins (``tasks/`` in the repository, installed as the package
+  ``mmgpg_tasks``) are registered this way in ``pyproject.toml``, and so can any other installed package;
+* ``path/to/file.py:ClassName`` — a task defined in a local file, no packaging needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+ENTRY_POINT_GROUP = "mmgpg.tasks"
+
+
+@dataclass
+class Example:
+    """One task item: its images (PIL images or paths/URLs), the question text and the gold answer."""
+
+    id: str
+    images: list[Any]
+    question: str
+    answer: Any
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+RewardFn = Callable[[str, Example], float]
+
+
+@runtime_checkable
+class Task(Protocol):
+    name: str
+    version: str
+    rewards: Mapping[str, RewardFn]
+
+    def load(self, split: str) -> Sequence[Example]: ...
+
+    def prompt(self, example: Example) -> list[dict]: ...
+
+
+class TaskNotFound(LookupError):
+    """A task name or ``file.py:Class`` reference that does not resolve; ``why`` and ``fix`` say more."""
+
+    def __init__(self, why: str, fix: str):
+        self.why, self.fix = why, fix
+        super().__init__(f"{why} {fix}")
+
+
+def registered_tasks() -> dict[str, Any]:
+    """``{name: entry point}`` of every installed task plugin."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load_file_class(ref: str) -> type:
+    path_text, _, cls_name = ref.rpartition(":")
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise TaskNotFound(f"Task file {str(path)!r} does not exist.", "give path/to/file.py:ClassName with an existing file.")
+    module_name = f"mmgpg_user_task_{abs(hash(str(path.resolve())))}"
+    module = sys.modules.get(module_name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:
+            del sys.modules[module_name]
+            raise TaskNotFound(f"Importing {str(path)!r} failed: {type(err).__name__}: {err}.",
+                               "fix the error in that file.") from err
+    cls = getattr(module, cls_name, None)
+    if cls is None:
+        names = [n for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module_name]
+        from mmgpg.config import did_you_mean
+
+        raise TaskNotFound(f"{str(path)!r} defines no class {cls_name!r}.",
+                           "classes there: " + (", ".join(names) or "(none)") + "." + did_you_mean(cls_name, names))
+    return cls
+
+
+def find_task_class(name: str) -> type:
+    """The task class for a registered name or a ``path/to/file.py:ClassName`` reference."""
+    if ":" in name and name.rpartition(":")[0].endswith(".py"):
+        cls = _load_file_class(name)
+    else:
+        tasks = registered_tasks()
+        if name not in tasks:
+            from mmgpg.config import did_you_mean
+
+            raise TaskNotFound(
+                f"No task named {name!r} is installed.",
+                "available: " + (", ".join(sorted(tasks)) or "(none — is mmgpg installed with pip?)") + "; or give "
+                "path/to/file.py:ClassName." + did_you_mean(name, list(tasks)),
+            )
+        try:
+            cls = tasks[name].load()
+        except Exception as err:
+            raise TaskNotFound(f"Task {name!r} ({tasks[name].value}) failed to import: {type(err).__name__}: {err}.",
+                               "reinstall the package that provides it.") from err
+    missing = [a for a in ("name", "version", "rewards", "load", "prompt") if not hasattr(cls, a)]
+    if missing:
+        raise TaskNotFound(f"{name!r} is not a task: it lacks {', '.join(missing)}.",
+                           "see the Task protocol in mmgpg/task.py.")
+    return cls
+
+
+def options_problems(cls: type, options: Mapping[str, Any]):
+    """Config problems of ``options`` for task class ``cls`` (its dataclass fields are the allowed options)."""
+    from mmgpg.config import Problem, from_dict
+
+    if not dataclasses.is_dataclass(cls):
+        return [Problem(f"task.{k}", v, f"Task {cls.__name__} takes no options.", f"remove task.{k}.") for k, v in options.items()]
+    problems: list[Problem] = []
+    try:
+        from_dict(cls, dict(options), problems, prefix="task.")
+    except (ValueError, TypeError) as err:  # the task's own checks of its option values
+        problems.append(Problem("task", dict(options), f"Task {cls.__name__} rejected its options: {err}.",
+                                "change the task options named there."))
+    return problems
+
+
+def build_task(name: str, options: Mapping[str, Any] | None = None):
+    """Instantiate a task with validated options (raises :class:`mmgpg.config.ConfigError`)."""
+    from mmgpg.config import ConfigError, from_dict
+
+    cls = find_task_class(name)
+    options = dict(options or {})
+    problems = options_problems(cls, options)
+    if problems:
+        raise ConfigError(problems)
+    return from_dict(cls, options, []) if dataclasses.is_dataclass(cls) else cls()
+
+
+def task_rewards(task: Any, completion: str, example: Example) -> dict[str, float]:
+    """Every named reward of ``task`` for one completion; ``total`` is their sum."""
+    scores = {name: float(fn(completion, example)) for name, fn in task.rewards.items()}
+    scores["total"] = sum(scores.values())
+    return scores

@@ -1,0 +1,1 @@
+"""Built-in mmgpg task plugins (installed as the package ``mmgpg_tasks``; registered under ``mmgpg.tasks``)."""

@@ -1,0 +1,150 @@
+"""``shapes``: count the shapes in a procedurally drawn picture — an embedded, offline task.
+
+Each image has between ``min_shapes`` and ``max_shapes`` non-overlapping circles, squares and triangles in random
+colours on a background of the CLIP mean colour (123, 117, 104), which Qwen2-VL's normalisation maps to about zero
+(with a white background a tiny randomly initialised model was seen to ignore the image entirely; see
+``shared/research/env-feasibility.md`` §3). Image sizes vary between items so batches mix image shapes.
+
+A record (``split="train"``, index 0, seed 0) looks like::
+
+    Example(id="shapes-train-0", images=[<PIL 112x112>], question="How many shapes are in the image? ...",
+            answer=3, meta={"sizes": ..., "kinds": [...]})
+
+Rewards: ``accuracy`` (the ``<answer>`` is exactly the right integer) and ``format``
+(``<think>…</think><answer>…</answer>``, the GPG authors' rule). Items are a pure function of
+``(seed, split, index)``, so every run, rank and resume sees the same data without files.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+from PIL import Image, ImageDraw
+
+from mmgpg.rewards import format_reward, integer_accuracy
+from mmgpg.task import Example
+
+BACKGROUND = (123, 117, 104)
+COLOURS = {
+    "red": (220, 40, 40),
+    "green": (40, 180, 60),
+    "blue": (40, 80, 220),
+    "yellow": (230, 210, 40),
+    "white": (245, 245, 245),
+}
+KINDS = ("circle", "square", "triangle")
+SIZES = ((112, 112), (84, 140), (140, 84), (112, 84))
+QUESTION = (
+    "How many shapes are in the image? Output the thinking process in <think> </think> and final answer (number) "
+    "in <answer> </answer> tags."
+)
+
+
+def draw_scene(rng: random.Random, width: int, height: int, count: int, size_range: tuple[int, int] = (14, 22)):
+    """Draw ``count`` non-overlapping shapes; return the image and the list of (kind, colour, box)."""
+    image = Image.new("RGB", (width, height), BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    placed: list[tuple[int, int, int, int]] = []
+    shapes = []
+    attempts = 0
+    while len(placed) < count:
+        attempts += 1
+        if attempts > 10_000:
+            raise RuntimeError(f"could not place {count} shapes in {width}x{height}; lower max_shapes")
+        s = rng.randint(*size_range)
+        x, y = rng.randint(1, width - s - 1), rng.randint(1, height - s - 1)
+        box = (x, y, x + s, y + s)
+        if any(not (box[2] + 2 < b[0] or b[2] + 2 < box[0] or box[3] + 2 < b[1] or b[3] + 2 < box[1]) for b in placed):
+            continue
+        kind, colour = rng.choice(KINDS), rng.choice(list(COLOURS))
+        fill = COLOURS[colour]
+        if kind == "circle":
+            draw.ellipse(box, fill=fill)
+        elif kind == "square":
+            draw.rectangle(box, fill=fill)
+        else:
+            draw.polygon([(x + s / 2, y), (x, y + s), (x + s, y + s)], fill=fill)
+        placed.append(box)
+        shapes.append((kind, colour, box))
+    return image, shapes
+
+
+@dataclass
+class ShapesTask:
+    """Count shapes in procedurally drawn images (embedded; no downloads)."""
+
+    name: ClassVar[str] = "shapes"
+    version: ClassVar[str] = "1"
+    rewards: ClassVar[dict] = {}  # set per instance in __post_init__: {"accuracy": fn, "format": fn}
+
+    num_train: int = 4000
+    """Items in the train split."""
+    num_test: int = 200
+    """Items in the test split."""
+    min_shapes: int = 1
+    """Fewest shapes in an image."""
+    max_shapes: int = 5
+    """Most shapes in an image."""
+    seed: int = 0
+    """Data seed; items are a pure function of (seed, split, index)."""
+
+    def __post_init__(self):
+        if not 1 <= self.min_shapes <= self.max_shapes <= 8:
+            raise ValueError(f"need 1 <= min_shapes <= max_shapes <= 8; got {self.min_shapes}, {self.max_shapes}")
+        self.rewards = {
+            "accuracy": lambda completion, ex: integer_accuracy(completion, ex.answer),
+            "format": lambda completion, ex: format_reward(completion),
+        }
+
+    def splits(self) -> dict[str, int]:
+        return {"train": self.num_train, "test": self.num_test}
+
+    def example(self, split: str, index: int) -> Example:
+        sizes = self.splits()
+        if split not in sizes:
+            raise ValueError(f"shapes has splits {', '.join(sizes)}; got {split!r}")
+        if not 0 <= index < sizes[split]:
+            raise IndexError(f"shapes/{split} has {sizes[split]} items; got index {index}")
+        rng = random.Random(f"{self.seed}:{split}:{index}")
+        width, height = rng.choice(SIZES)
+        count = rng.randint(self.min_shapes, self.max_shapes)
+        image, shapes = draw_scene(rng, width, height, count)
+        return Example(
+            id=f"shapes-{split}-{index}",
+            images=[image],
+            question=QUESTION,
+            answer=count,
+            meta={"kinds": [k for k, _, _ in shapes], "colours": [c for _, c, _ in shapes]},
+        )
+
+    def load(self, split: str) -> Sequence[Example]:
+        return _LazyItems(self, split)
+
+    def prompt(self, example: Example) -> list[dict]:
+        content = [{"type": "image", "image": im} for im in example.images]
+        return [{"role": "user", "content": content + [{"type": "text", "text": example.question}]}]
+
+    def gold_completion(self, example: Example) -> str:
+        """The answer in the task's output format (used by SFT and pre-flight checks)."""
+        return f"<think>I count {example.answer} shapes.</think><answer>{example.answer}</answer>"
+
+
+class _LazyItems(Sequence[Example]):
+    """A split whose items are drawn on access (4,000 images are never all held in memory)."""
+
+    def __init__(self, task: ShapesTask, split: str):
+        self.task, self.split, self.n = task, split, task.splits().get(split, -1)
+        if self.n < 0:
+            raise ValueError(f"shapes has splits {', '.join(task.splits())}; got {split!r}")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self.task.example(self.split, i) for i in range(*index.indices(self.n))]
+        if index < 0:
+            index += self.n
+        return self.task.example(self.split, index)
