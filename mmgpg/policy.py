@@ -77,11 +77,18 @@ def group_image_index(images_per_prompt: Sequence[int], group_size: int) -> list
 
 
 def _chunk_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: float,
+    excluded: torch.Tensor | None,
 ) -> torch.Tensor:
     logits = F.linear(hidden, weight, bias).float()
     if temperature != 1.0:
         logits = logits / temperature
+    if excluded is not None:
+        logits = logits.index_fill(-1, excluded, float("-inf"))
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
@@ -92,10 +99,13 @@ def chunked_token_logprobs(
     chunk_size: int = 1024,
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
+    excluded_token_ids: Sequence[int] = (),
 ) -> torch.Tensor:
     """Log-probability of each target token under ``softmax((hidden @ weight.T + bias) / temperature)``.
 
-    ``logp[k] = z[k, y_k] - logsumexp_v z[k, v]`` with ``z = (h_k W^T + b) / T``, computed in float32.
+    ``logp[k] = z[k, y_k] - logsumexp_{v not in S} z[k, v]`` with ``z = (h_k W^T + b) / T``, computed in float32,
+    where ``S = excluded_token_ids`` are tokens the sampler can never emit (generate's ``suppress_tokens``), so the
+    scored distribution is exactly the sampled one.
 
     ``hidden`` is ``[K, H]`` (only the positions that are scored), ``weight`` the ``[V, H]`` output embedding and
     ``targets`` ``[K]``. The ``[chunk, V]`` logits of one chunk at a time exist; when gradients are needed each chunk is
@@ -110,13 +120,14 @@ def chunked_token_logprobs(
     needs_grad = torch.is_grad_enabled() and (
         hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
+    excluded = torch.as_tensor(list(excluded_token_ids), dtype=torch.long, device=hidden.device) if excluded_token_ids else None
     pieces = []
     for start in range(0, hidden.shape[0], chunk_size):
         h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
         if needs_grad:
-            pieces.append(checkpoint(_chunk_logprobs, h, weight, bias, y, temperature, use_reentrant=False))
+            pieces.append(checkpoint(_chunk_logprobs, h, weight, bias, y, temperature, excluded, use_reentrant=False))
         else:
-            pieces.append(_chunk_logprobs(h, weight, bias, y, temperature))
+            pieces.append(_chunk_logprobs(h, weight, bias, y, temperature, excluded))
     if not pieces:
         return hidden.new_zeros(0, dtype=torch.float32)
     return torch.cat(pieces)
@@ -380,7 +391,8 @@ class Policy:
     ) -> torch.Tensor:
         """Per-token log-probs ``[N, T]`` of the completion tokens (0 where the mask is 0), with gradients.
 
-        ``logp[i, t] = log softmax(z_{i, Lp + t - 1} / temperature)[y_{i, t}]``: the hidden state of the position before
+        ``logp[i, t] = log softmax(z_{i, Lp + t - 1} / temperature)[y_{i, t}]`` over the vocabulary without the vision
+        special tokens (which :meth:`generate` suppresses), i.e. exactly the sampling distribution: the hidden state of the position before
         each completion token, scored by the output embedding in chunks of ``chunk_size`` tokens
         (:func:`chunked_token_logprobs`). Only masked-in positions are scored. ``rows`` selects a micro-batch of whole
         prompt groups (a slice of prompts); the result then covers only those prompts' sequences.
@@ -405,7 +417,8 @@ class Policy:
         scored = hidden[:, prompt_len - 1 : -1][comp_mask]  # [K, H]: positions that predict completion tokens
         head = self.model.get_output_embeddings()
         logp = chunked_token_logprobs(
-            scored, head.weight, comp_ids[comp_mask], chunk_size=chunk_size, bias=head.bias, temperature=temperature
+            scored, head.weight, comp_ids[comp_mask], chunk_size=chunk_size, bias=head.bias, temperature=temperature,
+            excluded_token_ids=self.vision_token_ids,
         )
         out = torch.zeros(comp_ids.shape, dtype=logp.dtype, device=device)
         return out.masked_scatter(comp_mask, logp)
