@@ -21,6 +21,13 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="extra folder with base.yaml and group folders, searched before the built-in configs/")
 
 
+def _console():
+    """A rich console; when output is piped (logs, tests) lines are not wrapped at 80 columns."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
 def _resolve(args):
     from mmgpg.config import resolve
 
@@ -100,24 +107,22 @@ def cmd_config_groups(args) -> int:
 
 
 def cmd_tasks(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
-    from mmgpg.task import TaskNotFound, find_task_class, registered_tasks
+    from mmgpg.config import ConfigError
+    from mmgpg.task import TaskNotFound, build_task, registered_tasks
 
     table = Table(title="mmgpg tasks (entry points: mmgpg.tasks)")
     for col in ("name", "version", "rewards", "provided by", "description"):
         table.add_column(col)
     for name, ep in sorted(registered_tasks().items()):
         try:
-            cls = find_task_class(name)
-            task = cls()
-            rewards = ", ".join(task.rewards)
-            doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-            table.add_row(name, str(cls.version), rewards, ep.value, doc)
-        except (TaskNotFound, TypeError, ValueError) as err:
+            task = build_task(name)
+            doc = (type(task).__doc__ or "").strip().splitlines()[0] if type(task).__doc__ else ""
+            table.add_row(name, str(task.version), ", ".join(task.rewards), ep.value, doc)
+        except (TaskNotFound, ConfigError, TypeError, ValueError) as err:
             table.add_row(name, "?", "?", ep.value, f"[red]cannot load: {err}[/red]")
-    Console().print(table)
+    _console().print(table)
     print("A task in a local file: task=path/to/file.py:ClassName")
     return 0
 
@@ -127,7 +132,6 @@ def cmd_tasks(args) -> int:
 
 def cmd_sample(args) -> int:
     import torch
-    from rich.console import Console
     from rich.table import Table
 
     from mmgpg.config import save_config
@@ -135,7 +139,7 @@ def cmd_sample(args) -> int:
     from mmgpg.task import build_task, task_rewards
     from mmgpg.utils import make_run_dir, resolve_device, seed_everything
 
-    console = Console()
+    console = _console()
     resolved = _resolve(args)
     cfg = resolved.config
     run_dir = make_run_dir(cfg.output_dir, "sample")

@@ -399,8 +399,9 @@ def resolve(args: Sequence[str] = (), config_dirs: Sequence[str | Path] = (), va
             problems.append(Problem(arg, arg, "Arguments must look like GROUP=NAME or a.b.c=value.",
                                     "write e.g. task=shapes or rollout.group_size=8."))
             continue
-        if "." not in key and (key in groups or key not in top_fields):
-            if key not in groups and not raw.endswith((".yaml", ".yml")):
+        is_file = raw.endswith((".yaml", ".yml"))
+        if "." not in key and (key in groups or key not in top_fields or is_file):
+            if key not in groups and not is_file:
                 problems.append(Problem(key, raw, f"{key!r} is neither a config group nor a top-level field.",
                                         "use one of the groups " + ", ".join(groups) + " or the fields "
                                         + ", ".join(sorted(top_fields)) + "." + did_you_mean(key, [*groups, *top_fields])))

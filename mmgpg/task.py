@@ -119,7 +119,7 @@ def find_task_class(name: str) -> type:
         except Exception as err:
             raise TaskNotFound(f"Task {name!r} ({tasks[name].value}) failed to import: {type(err).__name__}: {err}.",
                                "reinstall the package that provides it.") from err
-    missing = [a for a in ("name", "version", "rewards", "load", "prompt") if not hasattr(cls, a)]
+    missing = [a for a in ("name", "version", "load", "prompt") if not hasattr(cls, a)]
     if missing:
         raise TaskNotFound(f"{name!r} is not a task: it lacks {', '.join(missing)}.",
                            "see the Task protocol in mmgpg/task.py.")
@@ -150,7 +150,12 @@ def build_task(name: str, options: Mapping[str, Any] | None = None):
     problems = options_problems(cls, options)
     if problems:
         raise ConfigError(problems)
-    return from_dict(cls, options, []) if dataclasses.is_dataclass(cls) else cls()
+    task = from_dict(cls, options, []) if dataclasses.is_dataclass(cls) else cls()
+    rewards = getattr(task, "rewards", None)
+    if not isinstance(rewards, Mapping) or not rewards or not all(callable(f) for f in rewards.values()):
+        raise TaskNotFound(f"Task {name!r} has no rewards: it needs a non-empty mapping name -> fn(completion, example).",
+                           "set `rewards` on the class or in __init__/__post_init__.")
+    return task
 
 
 def task_rewards(task: Any, completion: str, example: Example) -> dict[str, float]:

@@ -1,0 +1,132 @@
+"""Config resolution: groups, overrides, coercion, validation that reports every problem at once."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from mmgpg.config import (
+    Config,
+    ConfigError,
+    available_groups,
+    config_search_path,
+    field_docs,
+    load_config,
+    resolve,
+    save_config,
+    to_dict,
+    to_yaml,
+)
+
+
+def test_defaults_resolve_and_every_field_is_documented():
+    cfg = resolve([]).config
+    assert cfg == Config()
+
+    def walk(cls):
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
+            if dataclasses.is_dataclass(f.type if isinstance(f.type, type) else None):
+                walk(f.type)
+        for f in dataclasses.fields(cls):
+            sub = getattr(cls(), f.name)
+            if dataclasses.is_dataclass(sub):
+                walk(type(sub))
+
+    walk(Config)
+
+
+def test_groups_then_overrides_in_order():
+    r = resolve(["model=tiny", "task=shapes", "rollout.max_new_tokens=12", "model.max_pixels=6272"])
+    cfg = r.config
+    assert cfg.model.name_or_path == "tiny" and cfg.model.dtype == "float32"
+    assert cfg.model.max_pixels == 6272  # the override beats the group file
+    assert cfg.rollout.max_new_tokens == 12  # beats task/shapes.yaml's 48
+    assert r.groups == {"model": "tiny", "task": "shapes"}
+    # a later group file beats an earlier override of the same key
+    assert resolve(["rollout.max_new_tokens=12", "task=shapes"]).config.rollout.max_new_tokens == 48
+
+
+def test_values_are_parsed_and_coerced():
+    cfg = resolve(["rollout.temperature=1e-1", "rollout.top_k=50", "model.encode_images_once=false",
+                   "task.num_train=10"]).config
+    assert cfg.rollout.temperature == pytest.approx(0.1) and isinstance(cfg.rollout.temperature, float)
+    assert cfg.rollout.top_k == 50 and cfg.model.encode_images_once is False
+    assert cfg.task.options == {"num_train": 10}
+
+
+def test_every_problem_is_reported_once_with_what_got_why_fix():
+    with pytest.raises(ConfigError) as info:
+        resolve(["rollout.group_sise=4", "rollout.top_p=1.5", "model.min_pixels=abc", "model=huge",
+                 "task.num_train=many", "device=tpu", "nonsense"])
+    err = info.value
+    keys = [p.key for p in err.problems]
+    assert sorted(keys) == sorted(["nonsense", "model", "rollout.group_sise", "model.min_pixels", "rollout.top_p",
+                                   "device", "task.num_train"]), keys
+    text = str(err)
+    assert text.startswith("7 problem(s) in the configuration:")
+    assert "Did you mean 'group_size'?" in text
+    assert "choose one of: qwen2_5_vl_3b, qwen2_5_vl_7b, qwen2_vl_2b, tiny, tiny_qwen2_5_vl" in text
+    assert "got 1.5" in text and "Fix:" in text
+
+
+def test_range_relations_and_unknown_task():
+    with pytest.raises(ConfigError) as info:
+        resolve(["model.min_pixels=5000", "model.max_pixels=4000", "rollout.group_size=0", "task.name=shape"])
+    text = str(info.value)
+    assert "model.max_pixels: got 4000. It is below model.min_pixels=5000." in text
+    assert "rollout.group_size: got 0" in text
+    assert "No task named 'shape' is installed." in text and "Did you mean 'shapes'?" in text
+
+
+def test_task_rejects_its_own_bad_option_values():
+    with pytest.raises(ConfigError, match="rejected its options"):
+        resolve(["task.min_shapes=4", "task.max_shapes=2"])
+
+
+def test_a_section_cannot_be_set_to_a_scalar():
+    with pytest.raises(ConfigError, match="is a section"):
+        resolve(["rollout.group_size=4", "model.name_or_path=tiny", "rollout=3"])
+
+
+def test_user_config_dir_and_file_groups(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text("model:\n  max_pixels: 6272\n")
+    (tmp_path / "base.yaml").write_text("seed: 7\n")
+    r = resolve(["model=mine"], config_dirs=[tmp_path])
+    assert r.config.model.max_pixels == 6272 and r.config.seed == 7
+    loose = tmp_path / "loose.yaml"
+    loose.write_text("rollout:\n  group_size: 3\n")
+    assert resolve([f"rollout={loose}"]).config.rollout.group_size == 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout: [1, 2\n")
+    with pytest.raises(ConfigError, match="Could not read it as YAML"):
+        resolve([f"rollout={bad}"])
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="not a mapping"):
+        resolve([f"model={listed}"])
+    assert "mine" in available_groups(config_search_path([tmp_path]))["model"]
+
+
+def test_saved_config_round_trips(tmp_path):
+    r = resolve(["model=tiny", "task=shapes", "task.num_test=20", "rollout.top_p=0.5"])
+    path = save_config(r, tmp_path, "sample")
+    text = path.read_text()
+    assert text.startswith("# mmgpg sample") and "# groups: model=tiny task=shapes" in text
+    assert load_config(path) == r.config
+    assert yaml.safe_load(to_yaml(r.config, with_docs=True)) == to_dict(r.config)
+    path.write_text(text.replace("top_p: 0.5", "top_p: 2.0"))
+    with pytest.raises(ConfigError, match="rollout.top_p"):
+        load_config(path)
+
+
+def test_yaml_with_docs_comments_every_field():
+    text = to_yaml(resolve(["task=shapes"]).config, with_docs=True)
+    assert "# Completions sampled per prompt (G in the papers)." in text
+    assert "# Items in the train split." not in text  # options only shown when set
+    text = to_yaml(resolve(["task.num_train=3"]).config, with_docs=True)
+    assert "# Items in the train split." in text
