@@ -25,7 +25,6 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
 VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
@@ -76,20 +75,63 @@ def group_image_index(images_per_prompt: Sequence[int], group_size: int) -> list
     return out
 
 
-def _chunk_logprobs(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    targets: torch.Tensor,
-    temperature: float,
-    excluded: torch.Tensor | None,
-) -> torch.Tensor:
+def _chunk_logits(hidden, weight, bias, temperature: float, excluded) -> torch.Tensor:
     logits = F.linear(hidden, weight, bias).float()
     if temperature != 1.0:
         logits = logits / temperature
     if excluded is not None:
         logits = logits.index_fill(-1, excluded, float("-inf"))
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return logits
+
+
+class _ChunkedLogProbs(torch.autograd.Function):
+    """Forward and backward of :func:`chunked_token_logprobs`, one ``[chunk, V]`` block of logits at a time.
+
+    Backward recomputes each block's logits and writes ``dL/dW`` into one ``[V, H]`` buffer with ``addmm_``, so no
+    per-chunk ``[V, H]`` temporaries exist (plain activation checkpointing would create one per chunk).
+    With ``z = (h W^T + b) / T`` and ``p = softmax(z)``: ``d logp_k / d z_k = onehot(y_k) - p_k``, hence
+    ``dL/dh_k = g_k W / T``, ``dL/dW = sum_k g_k^T h_k / T`` and ``dL/db = sum_k g_k / T`` with
+    ``g_k = dL/dlogp_k * (onehot(y_k) - p_k)``.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, chunk_size, temperature, excluded):
+        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        lse = torch.empty_like(out)
+        for s in range(0, hidden.shape[0], chunk_size):
+            logits = _chunk_logits(hidden[s : s + chunk_size], weight, bias, temperature, excluded)
+            lse[s : s + chunk_size] = torch.logsumexp(logits, dim=-1)
+            out[s : s + chunk_size] = logits.gather(-1, targets[s : s + chunk_size, None]).squeeze(-1) - lse[s : s + chunk_size]
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, excluded)
+        ctx.chunk_size, ctx.temperature = chunk_size, temperature
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, targets, lse, excluded = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b else None
+        c, temperature = ctx.chunk_size, ctx.temperature
+        for s in range(0, hidden.shape[0], c):
+            h, y, go = hidden[s : s + c], targets[s : s + c], grad_out[s : s + c].float()
+            g = _chunk_logits(h, weight, bias, temperature, excluded)
+            g.sub_(lse[s : s + c, None]).exp_()  # p
+            g.mul_(-go[:, None])  # -dL/dlogp * p
+            g[torch.arange(len(y), device=g.device), y] += go  # + dL/dlogp * onehot
+            if temperature != 1.0:
+                g.div_(temperature)
+            if need_b:
+                grad_b += g.sum(0)
+            g = g.to(weight.dtype)
+            if need_h:
+                grad_h[s : s + c] = g @ weight
+            if need_w:
+                grad_w.addmm_(g.T, h.to(weight.dtype))
+        if need_b:
+            grad_b = grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None
 
 
 def chunked_token_logprobs(
@@ -108,8 +150,8 @@ def chunked_token_logprobs(
     scored distribution is exactly the sampled one.
 
     ``hidden`` is ``[K, H]`` (only the positions that are scored), ``weight`` the ``[V, H]`` output embedding and
-    ``targets`` ``[K]``. The ``[chunk, V]`` logits of one chunk at a time exist; when gradients are needed each chunk is
-    recomputed in backward (activation checkpointing), so neither forward nor backward ever holds ``[K, V]``.
+    ``targets`` ``[K]``. Only one ``[chunk, V]`` block of logits exists at a time, in forward and in backward
+    (:class:`_ChunkedLogProbs` recomputes it), so peak memory is O(chunk x V) beside ``dL/dW`` itself, never O(K x V).
     """
     if hidden.ndim != 2 or targets.ndim != 1 or hidden.shape[0] != targets.shape[0]:
         raise ValueError(f"hidden must be [K, H] and targets [K]; got {tuple(hidden.shape)} and {tuple(targets.shape)}")
@@ -117,20 +159,10 @@ def chunked_token_logprobs(
         raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to score tokens; got {temperature}")
-    needs_grad = torch.is_grad_enabled() and (
-        hidden.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    excluded = (
+        torch.as_tensor(list(excluded_token_ids), dtype=torch.long, device=hidden.device) if excluded_token_ids else None
     )
-    excluded = torch.as_tensor(list(excluded_token_ids), dtype=torch.long, device=hidden.device) if excluded_token_ids else None
-    pieces = []
-    for start in range(0, hidden.shape[0], chunk_size):
-        h, y = hidden[start : start + chunk_size], targets[start : start + chunk_size]
-        if needs_grad:
-            pieces.append(checkpoint(_chunk_logprobs, h, weight, bias, y, temperature, excluded, use_reentrant=False))
-        else:
-            pieces.append(_chunk_logprobs(h, weight, bias, y, temperature, excluded))
-    if not pieces:
-        return hidden.new_zeros(0, dtype=torch.float32)
-    return torch.cat(pieces)
+    return _ChunkedLogProbs.apply(hidden, weight, bias, targets, chunk_size, float(temperature), excluded)
 
 
 # --------------------------------------------------------------------------------------------------------------------

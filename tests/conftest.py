@@ -49,3 +49,11 @@ def two_image_conversations():
         [{"role": "user", "content": [{"type": "image", "image": big}, {"type": "text", "text": "How many shapes?"}]}],
         [{"role": "user", "content": [{"type": "image", "image": small}, {"type": "text", "text": "What colour?"}]}],
     ]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A run in which no test passed is a failure (CI must never go green on an empty or all-skipped suite)."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    passed = len(reporter.stats.get("passed", [])) if reporter else 0
+    if exitstatus == 0 and passed == 0:
+        session.exitstatus = 5

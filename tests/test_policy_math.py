@@ -73,6 +73,8 @@ def test_chunked_logprobs_hand_computed():
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
 def test_chunked_logprobs_equal_naive_values_and_gradients(chunk):
+    """Values and gradients (hidden, weight, bias) equal autograd through full logits, with a temperature and
+    excluded tokens."""
     torch.manual_seed(0)
     K, H, V = 50, 16, 97
     hidden = torch.randn(K, H, dtype=torch.float64, requires_grad=True)
@@ -81,8 +83,12 @@ def test_chunked_logprobs_equal_naive_values_and_gradients(chunk):
     targets = torch.randint(0, V, (K,))
     coef = torch.randn(K, dtype=torch.float64)
 
+    excluded = [3, 50, 96]
+    targets = torch.where(torch.isin(targets, torch.tensor(excluded)), 0, targets)
+
     def naive():
         logits = (hidden @ weight.T + bias) / 0.8
+        logits = logits.index_fill(-1, torch.tensor(excluded), float("-inf"))
         return torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
 
     ref = naive()
@@ -90,7 +96,8 @@ def test_chunked_logprobs_equal_naive_values_and_gradients(chunk):
     ref_grads = [t.grad.clone() for t in (hidden, weight, bias)]
     for t in (hidden, weight, bias):
         t.grad = None
-    out = chunked_token_logprobs(hidden, weight, targets, chunk_size=chunk, bias=bias, temperature=0.8)
+    out = chunked_token_logprobs(hidden, weight, targets, chunk_size=chunk, bias=bias, temperature=0.8,
+                                 excluded_token_ids=excluded)
     (out.double() * coef).sum().backward()
     # float32 inside each chunk
     torch.testing.assert_close(out.double(), ref.detach(), atol=1e-5, rtol=0)
@@ -120,3 +127,16 @@ def test_chunking_never_changes_the_result(k, chunk):
     targets = torch.randint(0, 33, (k,), generator=g)
     whole = chunked_token_logprobs(hidden, weight, targets, chunk_size=k)
     torch.testing.assert_close(chunked_token_logprobs(hidden, weight, targets, chunk_size=chunk), whole)
+
+
+def test_bfloat16_weights_give_float32_logprobs_and_grads_in_their_dtype():
+    torch.manual_seed(0)
+    hidden = torch.randn(20, 16, dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(40, 16, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 40, (20,))
+    out = chunked_token_logprobs(hidden, weight, targets, chunk_size=6)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    assert hidden.grad.dtype == torch.bfloat16 and weight.grad.dtype == torch.bfloat16
+    ref = torch.log_softmax((hidden.float() @ weight.float().T), -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(out, ref.detach(), atol=0.05, rtol=0)
