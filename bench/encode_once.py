@@ -22,10 +22,10 @@ import torch
 
 
 def build(dims: str):
-    from mmgpg.tiny import TINY, Dims, build_config, build_processor, build_tokenizer
     from transformers import Qwen2VLForConditionalGeneration
 
     from mmgpg.policy import Policy
+    from mmgpg.tiny import TINY, Dims, build_config, build_processor, build_tokenizer
 
     tok = build_tokenizer()
     if dims == "tiny":

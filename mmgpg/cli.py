@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 OVERRIDES_HELP = (
     "config groups GROUP=NAME (e.g. task=shapes model=tiny) and field overrides a.b=c "

@@ -19,9 +19,10 @@ from __future__ import annotations
 import copy
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -186,7 +187,7 @@ class PromptBatch:
     def num_prompts(self) -> int:
         return self.input_ids.shape[0]
 
-    def to(self, device: torch.device | str) -> "PromptBatch":
+    def to(self, device: torch.device | str) -> PromptBatch:
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
         return PromptBatch(**moved)
 

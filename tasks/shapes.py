@@ -18,8 +18,9 @@ Rewards: ``accuracy`` (the ``<answer>`` is exactly the right integer) and ``form
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 from PIL import Image, ImageDraw
 

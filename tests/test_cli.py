@@ -79,8 +79,8 @@ def test_model_tiny_then_info(tmp_path):
 
 def test_shape_true_dimensions_without_weights():
     """`model info` instantiates on the meta device: the 2B-shaped config is checked without 9 GB of weights."""
-    from transformers import AutoModelForImageTextToText
     import torch
+    from transformers import AutoModelForImageTextToText
 
     from mmgpg.tiny import build_config, build_tokenizer, count_parameters, dims_for
 
