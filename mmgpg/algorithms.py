@@ -1,0 +1,206 @@
+"""The math of GPG, GRPO and their variants, as small pure tensor functions.
+
+An algorithm is a combination of these (see ``configs/algo/*.yaml`` and :class:`mmgpg.config.AlgoConfig`):
+
+* advantages — :func:`group_mean_advantages` (GPG, F_norm = 1), :func:`group_zscore_advantages` (GRPO),
+  :func:`group_stabilized_advantages` (the success-amplification paper's sqrt(var + eps));
+* :func:`zero_variance_mask` — the only definition of "this group carries no signal";
+* :func:`gpg_alpha` — the bias correction α = B / (B − M); :func:`valid_fraction`, :func:`needs_more_groups` (β_th);
+* token losses — :func:`reinforce_token_loss` (GPG), :func:`clipped_ratio_token_loss` (GRPO/PPO), :func:`kl_k3`;
+* :func:`token_loss_sum` / :func:`aggregation_denominator` — how per-token losses become one number
+  (``token_mean`` as in the GPG paper, ``seq_mean_token_mean`` as in the GPG multimodal code, ``constant_length``
+  as in Dr. GRPO). The numerator is a plain sum so that micro-batches and ranks can add their parts and divide by
+  one global denominator.
+
+Shapes: ``rewards`` is ``[P, G]`` (P groups of G completions); token tensors are ``[N, T]`` with ``N = P * G`` rows in
+prompt-major order and a boolean ``mask``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Literal
+
+import torch
+
+# --------------------------------------------------------------------------------------------------------------------
+# Advantages
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _check_rewards(rewards: torch.Tensor) -> None:
+    if rewards.ndim != 2 or rewards.shape[1] < 1:
+        raise ValueError(f"rewards must be [groups, group_size]; got shape {tuple(rewards.shape)}")
+
+
+def group_mean_advantages(rewards: torch.Tensor, std_eps: float = 0.0) -> torch.Tensor:
+    """GPG (F_norm = 1): ``A_ij = r_ij - mean_j r_ij``.
+
+    ``[[1, 0, 0, 1]]`` → ``[[0.5, -0.5, -0.5, 0.5]]``. ``std_eps`` is accepted for a uniform signature and unused.
+    """
+    _check_rewards(rewards)
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+def group_zscore_advantages(rewards: torch.Tensor, std_eps: float = 1e-4) -> torch.Tensor:
+    """GRPO: ``A_ij = (r_ij - mean_j) / (std_j + std_eps)`` with the unbiased (n − 1) group std, as TRL and the GPG
+    forks compute it. A group of one has std 0 here (not NaN).
+
+    ``[[1, 0, 0, 1]]``: mean 0.5, std sqrt(1/3) = 0.57735 → ``±0.5 / (0.57735 + 1e-4)`` = ``±0.86588``.
+    """
+    _check_rewards(rewards)
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    if rewards.shape[1] == 1:
+        std = torch.zeros_like(rewards)
+    else:
+        std = rewards.std(dim=1, unbiased=True, keepdim=True)
+    return centred / (std + std_eps)
+
+
+def group_stabilized_advantages(rewards: torch.Tensor, std_eps: float = 1e-4) -> torch.Tensor:
+    """Mroueh's stabilised whitening: ``A_ij = (r_ij - mean_j) / sqrt(var_j + std_eps)`` with the population variance
+    (for 0/1 rewards ``var = p (1 - p)``), so the weights are ``ω± = (1-p or p) / sqrt(p(1-p) + ε)``.
+
+    ``[[1, 0, 0, 1]]``, ε = 0.01: var 0.25 → ``±0.5 / sqrt(0.26)`` = ``±0.98058``.
+    """
+    _check_rewards(rewards)
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    var = (centred**2).mean(dim=1, keepdim=True)
+    return centred / torch.sqrt(var + std_eps)
+
+
+ADVANTAGES: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
+    "group_mean": group_mean_advantages,
+    "group_zscore": group_zscore_advantages,
+    "group_stabilized": group_stabilized_advantages,
+}
+AdvantageName = Literal["group_mean", "group_zscore", "group_stabilized"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Zero-variance groups, α and β_th
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def zero_variance_mask(rewards: torch.Tensor, tol: float = 0.0) -> torch.Tensor:
+    """``[P]`` bool: True where a group carries no learning signal, i.e. ``max_j r_ij - min_j r_ij <= tol``.
+
+    This is the one definition used everywhere (counting for α, resampling, skipping the forward). ``tol = 0`` means
+    exactly equal rewards; for continuous rewards (IoU) a small ``tol`` treats near-ties as ties.
+    ``[[1, 0, 0, 1], [1, 1, 1, 1]]`` → ``[False, True]``.
+    """
+    _check_rewards(rewards)
+    if tol < 0:
+        raise ValueError(f"tol must be >= 0; got {tol}")
+    spread = rewards.max(dim=1).values - rewards.min(dim=1).values
+    return spread <= tol
+
+
+def gpg_alpha(num_samples: int | float, num_zero_variance: int | float) -> float:
+    """The GPG bias correction ``α = B / (B - M)``.
+
+    ``B`` = samples in the update (all ranks), ``M`` = those in zero-variance groups. The batch-mean gradient equals
+    ``(B - M) / B`` times the mean over informative samples; α undoes that shrinkage. ``gpg_alpha(8, 4) == 2.0``.
+    Raises when ``B - M <= 0``: a step without any informative sample must be skipped, never divided by ~0.
+    """
+    if num_samples <= 0 or num_zero_variance < 0 or num_zero_variance > num_samples:
+        raise ValueError(f"need 0 <= M <= B and B > 0; got B={num_samples}, M={num_zero_variance}")
+    if num_samples - num_zero_variance <= 0:
+        raise ValueError("every sample is in a zero-variance group (B == M): skip this step instead of dividing by 0")
+    return float(num_samples) / float(num_samples - num_zero_variance)
+
+
+def valid_fraction(num_samples: int | float, num_zero_variance: int | float) -> float:
+    """``(B - M) / B`` = 1/α; 0.0 when ``B == 0``."""
+    return 0.0 if num_samples <= 0 else float(num_samples - num_zero_variance) / float(num_samples)
+
+
+def needs_more_groups(num_samples: int | float, num_zero_variance: int | float, min_valid_fraction: float) -> bool:
+    """β_th threshold resampling: draw more prompts while ``(B - M) / B < min_valid_fraction``.
+
+    ``min_valid_fraction = 0`` never resamples. ``needs_more_groups(8, 6, 0.4)`` → True (0.25 < 0.4).
+    """
+    return valid_fraction(num_samples, num_zero_variance) < min_valid_fraction
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Token losses
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def reinforce_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None,
+                         clip_eps: float = 0.0) -> torch.Tensor:
+    """GPG: ``ℓ_it = -A_i · log π_θ(o_it)``; ``logp [N, T]``, ``advantages [N]``. (No ratio, no clip.)"""
+    return -advantages[:, None] * logp
+
+
+def clipped_ratio_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None,
+                             clip_eps: float = 0.2) -> torch.Tensor:
+    """GRPO/PPO: ``ℓ_it = -min(ρ_it A_i, clip(ρ_it, 1-ε, 1+ε) A_i)`` with ``ρ = exp(logp - old_logp)``.
+
+    With ``old_logp = None`` the ratio is taken against ``logp.detach()`` (one update per rollout batch): its value
+    is 1, and its gradient is exactly GPG's ``-A ∇log π``.
+    """
+    old = logp.detach() if old_logp is None else old_logp
+    ratio = torch.exp(logp - old)
+    a = advantages[:, None]
+    return -torch.minimum(ratio * a, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a)
+
+
+TOKEN_LOSSES = {"reinforce": reinforce_token_loss, "clipped_ratio": clipped_ratio_token_loss}
+TokenLossName = Literal["reinforce", "clipped_ratio"]
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(π_θ ‖ π_ref): ``exp(ref - logp) - (ref - logp) - 1`` (≥ 0, unbiased).
+
+    ``kl_k3(log 0.5, log 0.25)``: d = log 0.5 → ``0.5 - log 0.5 - 1`` = ``0.19315``.
+    """
+    d = ref_logp - logp
+    return torch.exp(d) - d - 1.0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Aggregation over tokens
+# --------------------------------------------------------------------------------------------------------------------
+
+AggregationName = Literal["token_mean", "seq_mean_token_mean", "constant_length"]
+AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant_length")
+
+
+def token_loss_sum(token_loss: torch.Tensor, mask: torch.Tensor, mode: AggregationName) -> torch.Tensor:
+    """The numerator of the aggregated loss over these rows; divide by :func:`aggregation_denominator`.
+
+    * ``token_mean`` (GPG paper; Dr. GRPO's ``constant_length`` has the same numerator): ``Σ_i Σ_t ℓ_it``;
+    * ``seq_mean_token_mean`` (GPG multimodal code, TRL ``loss_type="grpo"``): ``Σ_i (Σ_t ℓ_it / |o_i|)``.
+    """
+    m = mask.to(token_loss.dtype)
+    if mode in ("token_mean", "constant_length"):
+        return (token_loss * m).sum()
+    if mode == "seq_mean_token_mean":
+        return ((token_loss * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)).sum()
+    raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {mode!r}")
+
+
+def aggregation_denominator(mode: AggregationName, num_sequences: int, num_tokens: int, max_new_tokens: int) -> float:
+    """The global denominator: tokens (``token_mean``), sequences (``seq_mean_token_mean``) or
+    sequences × ``max_new_tokens`` (``constant_length``, Dr. GRPO). Counts are over the whole optimizer step."""
+    if mode == "token_mean":
+        return float(max(num_tokens, 1))
+    if mode == "seq_mean_token_mean":
+        return float(max(num_sequences, 1))
+    if mode == "constant_length":
+        return float(max(num_sequences, 1) * max_new_tokens)
+    raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {mode!r}")
+
+
+def aggregate_tokens(token_loss: torch.Tensor, mask: torch.Tensor, mode: AggregationName,
+                     max_new_tokens: int | None = None) -> torch.Tensor:
+    """Local aggregation of one batch: ``token_loss_sum / aggregation_denominator`` with this batch's own counts.
+
+    ``[[1, 2, 0], [4, 0, 0]]`` with mask ``[[1, 1, 0], [1, 0, 0]]``: token_mean = 7/3, seq_mean_token_mean =
+    (1.5 + 4)/2 = 2.75, constant_length (T = 3) = 7/6.
+    """
+    num_tokens = int(mask.sum())
+    denominator = aggregation_denominator(mode, token_loss.shape[0], num_tokens,
+                                          max_new_tokens if max_new_tokens is not None else token_loss.shape[1])
+    return token_loss_sum(token_loss, mask, mode) / denominator
