@@ -18,7 +18,8 @@ prompt-major order and a boolean ``mask``.
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from collections.abc import Callable
+from typing import Literal
 
 import torch
 

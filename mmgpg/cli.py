@@ -204,6 +204,19 @@ def cmd_sample(args) -> int:
     return 0
 
 
+# ---- mmgpg train --------------------------------------------------------------------------------------------------
+
+
+def cmd_train(args) -> int:
+    from mmgpg.trainer import Trainer
+
+    trainer = Trainer(_resolve(args))
+    run_dir = trainer.train()
+    if trainer.dist.is_main:
+        print(f"run directory: {run_dir} (metrics.jsonl, prompt_success.jsonl, checkpoints/, tensorboard/)")
+    return 0
+
+
 # ---- parser -------------------------------------------------------------------------------------------------------
 
 
@@ -227,6 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train", help="task split to read (default train)")
     p.add_argument("--show", type=int, default=4, help="completions per prompt to print (default 4)")
     p.set_defaults(func=cmd_sample)
+
+    p = sub.add_parser("train", help="train a policy with GPG, GRPO or a variant (algo=...)",
+                       description="Train the policy on the task with the algorithm of the config (algo=gpg by "
+                       "default). Writes config.yaml, metrics.jsonl, prompt_success.jsonl, TensorBoard logs and "
+                       "checkpoints/ to output_dir. Runs under torchrun for several processes (gloo on CPU, nccl on "
+                       "GPU). Example: mmgpg train algo=gpg task=shapes model=tiny train.max_steps=20")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("model", help="build or inspect models", description="Build or inspect models.")
     msub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
@@ -280,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, TaskNotFound, FileNotFoundError) as err:
+    except (ConfigError, TaskNotFound, FileNotFoundError, FileExistsError) as err:
         print(f"mmgpg {args.command}: {err}", file=sys.stderr)
         return 2
 

@@ -75,6 +75,83 @@ class RolloutConfig:
 
 
 @dataclass
+class AlgoConfig:
+    name: str = "gpg"
+    """A label for logs and run names; the fields below define the algorithm (configs/algo/*.yaml set them together)."""
+    advantage: Literal["group_mean", "group_zscore", "group_stabilized"] = "group_mean"
+    """group_mean: r - mean (GPG, F_norm = 1); group_zscore: (r - mean)/(std + std_eps) (GRPO); group_stabilized:
+    (r - mean)/sqrt(var + std_eps) (Mroueh's stabilised whitening)."""
+    std_eps: float = 1e-4
+    """The epsilon of group_zscore (added to the std) and of group_stabilized (added to the variance)."""
+    token_loss: Literal["reinforce", "clipped_ratio"] = "reinforce"
+    """reinforce: -A log pi (GPG); clipped_ratio: the PPO/GRPO clipped surrogate with clip_eps."""
+    clip_eps: float = 0.2
+    """Clip range of clipped_ratio; only acts when updates_per_batch > 1 (with one update the ratio is exactly 1)."""
+    kl_coef: float = 0.0
+    """Weight of the k3 KL penalty to a frozen reference policy (GRPO: 0.04). A reference model exists only when > 0."""
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "constant_length"] = "seq_mean_token_mean"
+    """How token losses become one number: token_mean (GPG paper: sum / all tokens), seq_mean_token_mean (GPG
+    multimodal code: mean over sequences of per-sequence token means), constant_length (Dr. GRPO: sum / (sequences x
+    rollout.max_new_tokens)). Denominators count the whole optimizer step, all ranks."""
+    alpha_correction: bool = True
+    """Multiply the policy loss by alpha = B/(B-M) (B samples in the update, M of them in zero-variance groups)."""
+    min_valid_fraction: float = 0.4
+    """beta_th: draw more prompts while the valid fraction (B-M)/B of the update is below this; 0 disables resampling."""
+    max_resample_attempts: int = 20
+    """Most rollout attempts per step (the first included); after the last one the step proceeds with what it has."""
+    zero_variance_tol: float = 0.0
+    """A group has zero variance when max(r) - min(r) <= this (0: exactly equal rewards)."""
+    updates_per_batch: int = 1
+    """Optimizer steps per rollout batch (GRPO's mu). Above 1, old log-probs are computed once and the ratio clips."""
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 100
+    """Optimizer steps (a step skipped because no group had signal still counts)."""
+    prompts_per_step: int = 8
+    """Prompt groups in one optimizer step, over all ranks (must be divisible by the number of ranks)."""
+    micro_batch_prompts: int = 2
+    """Prompt groups per forward/backward pass (gradient accumulation with global denominators)."""
+    learning_rate: float = 1e-6
+    """AdamW learning rate (the GPG paper uses 1e-6)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW (beta1, beta2)."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warmup (transformers.get_scheduler)."""
+    warmup_steps: int = 0
+    """Linear warmup steps."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory (transformers' gradient checkpointing)."""
+    freeze_vision: bool = False
+    """Keep the vision tower's weights fixed (no gradients, not in the optimizer)."""
+    split: str = "train"
+    """Task split to train on."""
+    success_reward: str = "accuracy"
+    """Reward component that defines success (value >= 1) in the per-prompt success records."""
+    save_every: int = 0
+    """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT)."""
+    keep_last: int = 2
+    """Checkpoints kept; older ones are deleted after a new one is complete."""
+    resume: bool = False
+    """Continue from the latest complete checkpoint in output_dir (metrics after it are rewritten)."""
+    tensorboard: bool = True
+    """Write TensorBoard scalars to output_dir/tensorboard."""
+    wandb: bool = False
+    """Also log to Weights & Biases (needs `pip install wandb`)."""
+    wandb_project: str = "mmgpg"
+    """W&B project name."""
+    progress: bool = True
+    """Show a progress bar (rank 0)."""
+
+
+@dataclass
 class TaskConfig:
     name: str = "shapes"
     """Task plugin: a registered name (`mmgpg tasks` lists them) or `path/to/file.py:ClassName`."""
@@ -90,6 +167,10 @@ class Config:
     """The task: its prompts, images and rewards."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How completions are sampled."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """The RL algorithm: advantages, losses, alpha and resampling (defaults: GPG as in the multimodal reference)."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimisation, checkpoints and logging of `mmgpg train`."""
     output_dir: str = ""
     """Run directory; empty means runs/<command>-<YYYYmmdd-HHMMSS>. The resolved config is saved there as config.yaml."""
     seed: int = 0
@@ -408,6 +489,11 @@ def resolve(args: Sequence[str] = (), config_dirs: Sequence[str | Path] = (), va
                                         + ", ".join(sorted(top_fields)) + "." + did_you_mean(key, [*groups, *top_fields])))
                 continue
             path = _find_group_file(key, raw, search_path)
+            if path is None and key == "task" and not is_file:
+                # A task without a preset file: a registered plugin name or path/to/file.py:ClassName.
+                _set_dotted(tree, "task.name", raw)
+                selected[key] = raw
+                continue
             if path is None:
                 names = groups.get(key, [])
                 problems.append(Problem(key, raw, f"No config file {key}/{raw}.yaml in {', '.join(map(str, search_path))}.",
@@ -476,6 +562,42 @@ def check(cfg: Config) -> list[Problem]:
         p.append(Problem("rollout.top_p", r.top_p, "top_p is a probability mass in (0, 1].", "set rollout.top_p=1.0."))
     if r.top_k < 0:
         p.append(Problem("rollout.top_k", r.top_k, "top_k counts tokens (0 disables it).", "set rollout.top_k=0."))
+    a, t = cfg.algo, cfg.train
+    if a.std_eps < 0:
+        p.append(Problem("algo.std_eps", a.std_eps, "It must be >= 0.", "set algo.std_eps=1e-4."))
+    if a.clip_eps <= 0:
+        p.append(Problem("algo.clip_eps", a.clip_eps, "The clip range must be > 0.", "set algo.clip_eps=0.2."))
+    if a.kl_coef < 0:
+        p.append(Problem("algo.kl_coef", a.kl_coef, "A KL weight is >= 0.", "set algo.kl_coef=0 (GPG) or 0.04 (GRPO)."))
+    if not 0 <= a.min_valid_fraction <= 1:
+        p.append(Problem("algo.min_valid_fraction", a.min_valid_fraction, "It is a fraction of samples in [0, 1].",
+                         "set algo.min_valid_fraction=0.4 (0 disables resampling)."))
+    if a.max_resample_attempts < 1:
+        p.append(Problem("algo.max_resample_attempts", a.max_resample_attempts, "At least one rollout is needed.",
+                         "set algo.max_resample_attempts=20."))
+    if a.zero_variance_tol < 0:
+        p.append(Problem("algo.zero_variance_tol", a.zero_variance_tol, "A tolerance is >= 0.",
+                         "set algo.zero_variance_tol=0."))
+    if a.updates_per_batch < 1:
+        p.append(Problem("algo.updates_per_batch", a.updates_per_batch, "At least one update per batch.",
+                         "set algo.updates_per_batch=1."))
+    elif a.updates_per_batch > 1 and a.token_loss == "reinforce":
+        p.append(Problem("algo.updates_per_batch", a.updates_per_batch,
+                         "reinforce has no importance ratio, so a second update on the same samples would be off-policy "
+                         "and uncorrected.", "set algo.token_loss=clipped_ratio, or algo.updates_per_batch=1."))
+    for key, value, low in (("max_steps", t.max_steps, 1), ("prompts_per_step", t.prompts_per_step, 1),
+                            ("micro_batch_prompts", t.micro_batch_prompts, 1), ("keep_last", t.keep_last, 1),
+                            ("warmup_steps", t.warmup_steps, 0), ("save_every", t.save_every, 0)):
+        if value < low:
+            p.append(Problem(f"train.{key}", value, f"It must be >= {low}.", f"set train.{key} to an integer >= {low}."))
+    if t.learning_rate <= 0:
+        p.append(Problem("train.learning_rate", t.learning_rate, "It must be > 0.", "set train.learning_rate=1e-6."))
+    if t.max_grad_norm < 0:
+        p.append(Problem("train.max_grad_norm", t.max_grad_norm, "It must be >= 0 (0 disables clipping).",
+                         "set train.max_grad_norm=1.0."))
+    if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
+        p.append(Problem("train.adam_betas", t.adam_betas, "AdamW needs two betas in [0, 1).",
+                         "set train.adam_betas=[0.9,0.999]."))
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", cfg.device):
         p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
     p += _check_task(cfg.task)

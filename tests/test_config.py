@@ -40,6 +40,7 @@ def test_defaults_resolve_and_every_field_is_documented():
 
 
 def test_groups_then_overrides_in_order():
+    assert resolve(["task=tests/x.py:Cls"], validate_config=False).config.task.name == "tests/x.py:Cls"
     r = resolve(["model=tiny", "task=shapes", "rollout.max_new_tokens=12", "model.max_pixels=6272"])
     cfg = r.config
     assert cfg.model.name_or_path == "tiny" and cfg.model.dtype == "float32"
@@ -75,7 +76,7 @@ def test_every_problem_is_reported_once_with_what_got_why_fix():
 
 def test_range_relations_and_unknown_task():
     with pytest.raises(ConfigError) as info:
-        resolve(["model.min_pixels=5000", "model.max_pixels=4000", "rollout.group_size=0", "task.name=shape"])
+        resolve(["model.min_pixels=5000", "model.max_pixels=4000", "rollout.group_size=0", "task=shape"])
     text = str(info.value)
     assert "model.max_pixels: got 4000. It is below model.min_pixels=5000." in text
     assert "rollout.group_size: got 0" in text

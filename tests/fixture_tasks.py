@@ -1,0 +1,34 @@
+"""Tasks for trainer tests: real shapes images and prompts, but rewards that a random-init model already varies on,
+so that groups have reward variance and updates are not all skipped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mmgpg_tasks.shapes import ShapesTask
+
+
+@dataclass
+class ParityShapes(ShapesTask):
+    """Reward 1 when the completion has an even number of characters (about half of random completions)."""
+
+    name: ClassVar[str] = "parity_shapes"
+    version: ClassVar[str] = "test"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.rewards = {"accuracy": lambda completion, ex: float(len(completion) % 2 == 0)}
+
+
+@dataclass
+class HalfSolvedShapes(ShapesTask):
+    """Items with an even index are 'solved' (every completion scores 1: a zero-variance group); odd ones reward
+    even-length completions. Resampling has something to do."""
+
+    name: ClassVar[str] = "half_solved_shapes"
+    version: ClassVar[str] = "test"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.rewards = {"accuracy": lambda c, ex: 1.0 if int(ex.id.rsplit("-", 1)[1]) % 2 == 0 else float(len(c) % 2 == 0)}

@@ -1,0 +1,166 @@
+"""The trainer end to end on the tiny model: the CLI for each algorithm, resampling and α bookkeeping, frozen
+vision tower, and exact resume after SIGKILL / SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mmgpg.config import resolve
+from mmgpg.trainer import Trainer
+
+FIXTURES = Path(__file__).with_name("fixture_tasks.py")
+TINY = ["model=tiny", "rollout.group_size=4", "rollout.max_new_tokens=12", "train.prompts_per_step=4",
+        "train.micro_batch_prompts=2", "train.learning_rate=1e-3", "train.progress=false", "train.tensorboard=false"]
+
+
+def run_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "mmgpg", *args], capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def read_metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("algo", ["gpg", "grpo", "dr_grpo"])
+def test_train_cli_runs_each_algorithm(tmp_path, algo):
+    run = tmp_path / algo
+    run_cli("train", f"algo={algo}", f"task={FIXTURES}:ParityShapes", *TINY, "train.max_steps=2",
+            "train.tensorboard=true", f"output_dir={run}")
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        for key in ("reward/total", "reward/accuracy", "gpg/alpha", "gpg/valid_fraction", "rollout/resample_attempts",
+                    "time/rollout", "time/advantages", "time/update", "loss/policy", "loss/kl"):
+            assert key in m, key
+        assert m["gpg/alpha"] == pytest.approx(
+            m["gpg/num_samples"] / (m["gpg/num_samples"] - m["gpg/num_zero_variance"])
+            if algo == "gpg" and m["gpg/num_zero_variance"] < m["gpg/num_samples"] else 1.0)
+    if algo == "grpo":
+        assert any(m["loss/kl"] != 0 for m in metrics[1:]) or metrics[0]["loss/kl"] == 0  # KL is 0 before the 1st update
+    assert (run / "checkpoints" / "step-00000002" / "policy" / "model.safetensors").exists()
+    assert list((run / "tensorboard").iterdir())
+    records = [json.loads(x) for x in (run / "prompt_success.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in records} == {1, 2} and all(0 <= r["successes"] <= 4 for r in records)
+    # the saved policy is a plain HF directory
+    from transformers import AutoModelForImageTextToText
+
+    AutoModelForImageTextToText.from_pretrained(run / "checkpoints" / "step-00000002" / "policy")
+
+
+def test_resampling_until_the_valid_fraction_reaches_beta(tmp_path):
+    cfg = resolve([f"task={FIXTURES}:HalfSolvedShapes", *TINY, "train.max_steps=3", "algo.min_valid_fraction=0.75",
+                   "algo.max_resample_attempts=6", f"output_dir={tmp_path / 'r'}"])
+    trainer = Trainer(cfg)
+    trainer.train()
+    metrics = read_metrics(tmp_path / "r")
+    assert any(m["rollout/resample_attempts"] > 1 for m in metrics)
+    for m in metrics:
+        assert m["gpg/num_samples"] == 16  # the update always holds prompts_per_step groups
+        assert m["gpg/valid_fraction"] == pytest.approx(1 - m["gpg/num_zero_variance"] / 16)
+        if m["rollout/resample_attempts"] < 6:
+            assert m["gpg/valid_fraction"] >= 0.75
+        if m["gpg/valid_fraction"] > 0:
+            assert m["gpg/alpha"] == pytest.approx(1 / m["gpg/valid_fraction"])
+    records = [json.loads(x) for x in (tmp_path / "r" / "prompt_success.jsonl").read_text().splitlines()]
+    assert max(r["attempt"] for r in records) >= 1  # resampled groups are recorded too
+
+
+def test_frozen_vision_tower_really_stays_frozen(tmp_path):
+    cfg = resolve([f"task={FIXTURES}:ParityShapes", *TINY, "train.max_steps=2", "train.freeze_vision=true",
+                   "algo.min_valid_fraction=0", f"output_dir={tmp_path / 'f'}"])
+    trainer = Trainer(cfg)
+    before = {n: p.detach().clone() for n, p in trainer.policy.model.named_parameters()}
+    trainer.train()
+    after = dict(trainer.policy.model.named_parameters())
+    vision = [n for n in before if ".visual." in f".{n}"]
+    assert vision and all(torch.equal(before[n], after[n]) for n in vision)
+    assert all(after[n].grad is None for n in vision)
+    assert any(not torch.equal(before[n], after[n]) for n in before if n not in vision)
+    assert all(not any(p is q for q in trainer.params) for n, p in after.items() if n in vision)
+
+
+def _final_params(run: Path, step: int) -> dict[str, torch.Tensor]:
+    return load_file(run / "checkpoints" / f"step-{step:08d}" / "policy" / "model.safetensors")
+
+
+def _comparable(metrics: list[dict]) -> list[dict]:
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/"))} for m in metrics]
+
+
+def test_resume_after_sigkill_is_exact(tmp_path):
+    args = ["train", f"task={FIXTURES}:ParityShapes", *TINY, "train.max_steps=5", "train.save_every=1",
+            "train.keep_last=10", "algo.min_valid_fraction=0.5", "algo.max_resample_attempts=3"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run_cli(*args, f"output_dir={straight}")
+
+    proc = subprocess.Popen([sys.executable, "-m", "mmgpg", *args, f"output_dir={killed}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (killed / "checkpoints" / "step-00000002" / "COMPLETE").exists():
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its second checkpoint"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = sorted(p.name for p in (killed / "checkpoints").glob("step-*"))
+    assert "step-00000005" not in done
+    # A crash while writing the next checkpoint leaves a temp dir and/or a dir without COMPLETE: both are ignored.
+    (killed / "checkpoints" / ".tmp-step-00000009").mkdir(exist_ok=True)
+    (killed / "checkpoints" / "step-00000009").mkdir(exist_ok=True)
+    (killed / "checkpoints" / "step-00000009" / "trainer_state.pt").write_bytes(b"half a file")
+
+    run_cli(*args, f"output_dir={killed}", "train.resume=true")
+    a, b = _final_params(straight, 5), _final_params(killed, 5)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0)
+    ma, mb = _comparable(read_metrics(straight)), _comparable(read_metrics(killed))
+    assert [m["step"] for m in mb] == [1, 2, 3, 4, 5]
+    for x, y in zip(ma, mb):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-6), (x["step"], k)
+    assert any(m["grad_norm"] > 0 for m in ma), "the run must actually update the policy"
+
+
+def test_sigterm_saves_at_the_step_boundary_and_exits_cleanly(tmp_path):
+    run = tmp_path / "t"
+    proc = subprocess.Popen([sys.executable, "-m", "mmgpg", "train", f"task={FIXTURES}:ParityShapes", *TINY,
+                             "train.max_steps=200", f"output_dir={run}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (run / "metrics.jsonl").exists() or not (run / "metrics.jsonl").read_text().strip():
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    steps = [m["step"] for m in read_metrics(run)]
+    assert steps[-1] < 200
+    assert (run / "checkpoints" / f"step-{steps[-1]:08d}" / "COMPLETE").exists()
+    assert "stopped by signal" in out + err
+
+
+def test_existing_run_dir_is_not_overwritten(tmp_path):
+    run = tmp_path / "x"
+    (run / "checkpoints").mkdir(parents=True)
+    proc = run_cli("train", f"task={FIXTURES}:ParityShapes", *TINY, f"output_dir={run}", check=False)
+    assert proc.returncode == 2 and "train.resume=true" in proc.stderr
+
+
+def test_layout_errors_are_config_errors(tmp_path):
+    proc = run_cli("train", *TINY, "rollout.group_size=1", "algo.token_loss=reinforce", "algo.updates_per_batch=2",
+                   f"output_dir={tmp_path / 'y'}", check=False)
+    assert proc.returncode == 2
+    assert "algo.updates_per_batch" in proc.stderr
