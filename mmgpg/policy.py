@@ -502,12 +502,27 @@ def resolve_model_path(name_or_path: str) -> str:
     """
     if name_or_path != TINY_PREFIX and not name_or_path.startswith(TINY_PREFIX + ":"):
         return name_or_path
-    from mmgpg.tiny import FAMILIES, build_and_save
+    from mmgpg.tiny import FAMILIES
 
     family = name_or_path.partition(":")[2] or "qwen2_vl"
     if family not in FAMILIES:
         raise ValueError(f"unknown tiny model family {family!r}; use one of: tiny, " + ", ".join(f"tiny:{f}" for f in FAMILIES))
     target = cache_dir() / f"tiny-{family}-seed0"
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # Only rank 0 builds (transformers' save_pretrained writes weights on rank 0 only); the others wait for it.
+        if dist.get_rank() == 0:
+            _build_tiny(target, family)
+        dist.barrier()
+    else:
+        _build_tiny(target, family)
+    return str(target)
+
+
+def _build_tiny(target: Path, family: str) -> None:
+    from mmgpg.tiny import build_and_save
+
     if not (target / "model.safetensors").exists():
         import tempfile
 
@@ -520,7 +535,6 @@ def resolve_model_path(name_or_path: str) -> str:
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
-    return str(target)
 
 
 def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
