@@ -111,8 +111,12 @@ class Trainer:
                                        num_training_steps=cfg.train.max_steps * cfg.algo.updates_per_batch)
         if checkpoint is not None:
             self._resume(checkpoint)
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(self.resolved, self.run_dir, "train")
+        distributed.barrier()
         self._stop_requested = False
-        self._writers_open = False
+        self.tb = self.wandb = None
 
     # ---- set-up helpers -------------------------------------------------------------------------------------------
 
@@ -402,10 +406,6 @@ class Trainer:
     def train(self) -> Path:
         """Run until ``train.max_steps``; save at ``save_every``, at the end, and at a SIGTERM/SIGINT step boundary."""
         cfg = self.cfg
-        if self.dist.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.resolved, self.run_dir, "train")
-        distributed.barrier()
         self._open_writers()
         previous = {s: signal.signal(s, self._request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
         progress = _Progress(cfg.train.max_steps, self.state.step, enabled=cfg.train.progress and self.dist.is_main)
