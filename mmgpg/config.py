@@ -149,6 +149,26 @@ class TrainConfig:
     """W&B project name."""
     progress: bool = True
     """Show a progress bar (rank 0)."""
+    eval_every: int = 0
+    """Greedy evaluation on eval_split every N steps, logged as eval/<metric> (0: never)."""
+    eval_split: str = "test"
+    """Task split for evaluations during training."""
+    eval_limit: int = 200
+    """Evaluate on the first N items of eval_split (0: all)."""
+
+
+@dataclass
+class SftConfig:
+    max_steps: int = 200
+    """Optimizer steps of supervised fine-tuning on the task's gold completions."""
+    batch_size: int = 32
+    """Examples per step."""
+    learning_rate: float = 1e-5
+    """AdamW learning rate (the CPU demo uses 1e-3 on the tiny model)."""
+    max_grad_norm: float = 1.0
+    """Clip the gradient norm to this; 0 disables clipping."""
+    eval_every: int = 0
+    """Greedy evaluation every N steps, logged as eval/<metric> (0: only at the end)."""
 
 
 @dataclass
@@ -171,6 +191,8 @@ class Config:
     """The RL algorithm: advantages, losses, alpha and resampling (defaults: GPG as in the multimodal reference)."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Optimisation, checkpoints and logging of `mmgpg train`."""
+    sft: SftConfig = field(default_factory=SftConfig)
+    """Supervised fine-tuning (`mmgpg sft`), the paper's +SFT baseline and the demo's warm start."""
     output_dir: str = ""
     """Run directory; empty means runs/<command>-<YYYYmmdd-HHMMSS>. The resolved config is saved there as config.yaml."""
     seed: int = 0
@@ -590,6 +612,15 @@ def check(cfg: Config) -> list[Problem]:
                             ("warmup_steps", t.warmup_steps, 0), ("save_every", t.save_every, 0)):
         if value < low:
             p.append(Problem(f"train.{key}", value, f"It must be >= {low}.", f"set train.{key} to an integer >= {low}."))
+    for key, value, low in (("max_steps", cfg.sft.max_steps, 1), ("batch_size", cfg.sft.batch_size, 1),
+                            ("eval_every", cfg.sft.eval_every, 0)):
+        if value < low:
+            p.append(Problem(f"sft.{key}", value, f"It must be >= {low}.", f"set sft.{key} to an integer >= {low}."))
+    if cfg.sft.learning_rate <= 0:
+        p.append(Problem("sft.learning_rate", cfg.sft.learning_rate, "It must be > 0.", "set sft.learning_rate=1e-5."))
+    if t.eval_every < 0 or t.eval_limit < 0:
+        p.append(Problem("train.eval_every", (t.eval_every, t.eval_limit), "eval_every and eval_limit are >= 0.",
+                         "set train.eval_every=0 or a positive step count."))
     if t.learning_rate <= 0:
         p.append(Problem("train.learning_rate", t.learning_rate, "It must be > 0.", "set train.learning_rate=1e-6."))
     if t.max_grad_norm < 0:

@@ -324,17 +324,8 @@ class Policy:
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
-        greedy = temperature == 0
-        return dict(
+        common = dict(
             max_new_tokens=max_new_tokens,
-            do_sample=not greedy,
-            temperature=1.0 if greedy else float(temperature),
-            top_p=1.0 if greedy else float(top_p),
-            top_k=0 if greedy else int(top_k),
-            min_p=0.0,
-            typical_p=1.0,
-            epsilon_cutoff=0.0,
-            eta_cutoff=0.0,
             repetition_penalty=1.0,
             no_repeat_ngram_size=0,
             min_new_tokens=0,
@@ -343,6 +334,10 @@ class Policy:
             # A sampled vision token would desynchronise image features and placeholders in the training forward.
             suppress_tokens=self.vision_token_ids,
         )
+        if temperature == 0:  # greedy: the sampling filters below have no effect, so they are not passed
+            return dict(common, do_sample=False)
+        return dict(common, do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+                    min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
 
     @torch.no_grad()
     def generate(

@@ -393,6 +393,20 @@ class Trainer:
                     for rec in recs:
                         f.write(json.dumps(rec) + "\n")
 
+    def evaluate(self) -> dict[str, float]:
+        """Greedy evaluation on ``train.eval_split`` (rank 0 evaluates, every rank gets the numbers)."""
+        from mmgpg.evaluate import evaluate
+
+        metrics = None
+        if self.dist.is_main:
+            items = self.task.load(self.cfg.train.eval_split)
+            n = len(items) if self.cfg.train.eval_limit <= 0 else min(self.cfg.train.eval_limit, len(items))
+            with self.autocast:
+                scores, _ = evaluate(self.policy, self.task, list(items[:n]),
+                                     max_new_tokens=self.cfg.rollout.max_new_tokens)
+            metrics = {f"eval/{k}": v for k, v in scores.items()}
+        return distributed.broadcast_object(metrics)
+
     def save(self) -> Path:
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "stream": self.stream.state_dict(), "counters": vars(self.state).copy()}
@@ -412,8 +426,13 @@ class Trainer:
         if not self.dist.is_main:
             progress.note = lambda text: None  # type: ignore[method-assign]
         try:
+            if cfg.train.eval_every and self.state.step == 0:
+                self._log({"step": 0, **self.evaluate()})
             while self.state.step < cfg.train.max_steps:
                 metrics = self.train_step()
+                if cfg.train.eval_every and (self.state.step % cfg.train.eval_every == 0
+                                             or self.state.step == cfg.train.max_steps):
+                    metrics.update(self.evaluate())
                 self._log(metrics)
                 progress.update(metrics)
                 last = self.state.step >= cfg.train.max_steps

@@ -1,0 +1,73 @@
+"""PNG plots of a run's metrics.jsonl: reward, valid fraction, alpha and evaluation scores against the step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PANELS = (
+    ("reward/total", "reward (sampled, all attempts)"),
+    ("gpg/valid_fraction", "valid fraction (B-M)/B"),
+    ("gpg/alpha", "alpha = B/(B-M)"),
+    ("eval/", "evaluation (greedy)"),
+)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: give a run directory written by mmgpg train or mmgpg sft")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Write one PNG per panel that has data (plus ``training.png`` with all of them); return the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(run_dir)
+    out = Path(out_dir) if out_dir else Path(run_dir) / "plots"
+    out.mkdir(parents=True, exist_ok=True)
+    series: list[tuple[str, dict[str, tuple[list[int], list[float]]]]] = []
+    for key, title in PANELS:
+        lines: dict[str, tuple[list[int], list[float]]] = {}
+        for r in rows:
+            for k, v in r.items():
+                if (k == key or (key.endswith("/") and k.startswith(key) and k != "eval/num_samples")) \
+                        and isinstance(v, (int, float)):
+                    xs, ys = lines.setdefault(k, ([], []))
+                    xs.append(r["step"])
+                    ys.append(v)
+        if lines:
+            series.append((title, lines))
+    written = []
+    for title, lines in series:
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        _draw(ax, title, lines)
+        path = out / (title.split(" ")[0].replace("/", "_") + ".png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    if series:
+        fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.2), squeeze=False)
+        for ax, (title, lines) in zip(axes[0], series):
+            _draw(ax, title, lines)
+        fig.tight_layout()
+        path = out / "training.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _draw(ax, title: str, lines: dict[str, tuple[list[int], list[float]]]) -> None:
+    for name, (xs, ys) in lines.items():
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=name)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    if len(lines) > 1:
+        ax.legend(fontsize=7)

@@ -1,0 +1,79 @@
+"""SFT, evaluation, plots and the demo through the real CLI on the tiny model (short budgets)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mmgpg.evaluate import aggregate_scores, evaluate
+from mmgpg.policy import load_policy
+from mmgpg.sft import gold_rollout
+from mmgpg.task import build_task
+
+
+def mmgpg(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "mmgpg", *args], capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def test_gold_rollout_scores_the_gold_answer_tokens(tiny_dirs):
+    policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
+    task = build_task("shapes")
+    examples = list(task.load("train")[:3])
+    rollout = gold_rollout(policy, task, examples)
+    tok = policy.processor.tokenizer
+    for i, ex in enumerate(examples):
+        n = int(rollout.completion_mask[i].sum())
+        text = tok.decode(rollout.completion_ids[i, :n])
+        assert text == task.gold_completion(ex) + "<|im_end|>"
+
+
+def test_sft_lowers_the_loss_and_the_result_evaluates(tmp_path):
+    run = tmp_path / "sft"
+    out = mmgpg("sft", "task=shapes", "model=tiny", "sft.max_steps=8", "sft.batch_size=8", "sft.learning_rate=3e-3",
+                "train.eval_limit=6", "rollout.max_new_tokens=24", f"output_dir={run}").stdout
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["loss/sft"] < rows[0]["loss/sft"] * 0.8
+    assert "eval/accuracy" in rows[-1] and rows[-1]["eval/num_samples"] == 6
+    assert "fine-tuned model:" in out
+    ev = tmp_path / "ev"
+    mmgpg("eval", "--task", "shapes", "--ckpt", str(run / "final"), "--limit", "5", "--batch-size", "2",
+          "--max-new-tokens", "24", "--output", str(ev))
+    preds = [json.loads(x) for x in (ev / "predictions.jsonl").read_text().splitlines()]
+    assert [p["id"] for p in preds] == [f"shapes-test-{i}" for i in range(5)]
+    assert all({"model_output", "answer", "scores"} <= p.keys() for p in preds)
+    meta = json.loads((ev / "metrics.json").read_text())
+    assert meta["task"] == "shapes" and meta["metrics"]["num_samples"] == 5
+    assert meta["metrics"]["accuracy"] == pytest.approx(sum(p["scores"]["accuracy"] for p in preds) / 5)
+
+
+def test_evaluation_is_greedy_and_deterministic(tiny_dirs):
+    policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
+    task = build_task("shapes")
+    items = list(task.load("test")[:4])
+    a = evaluate(policy, task, items, batch_size=3, max_new_tokens=10)[1]
+    b = evaluate(policy, task, items, batch_size=4, max_new_tokens=10)[1]
+    assert [r["model_output"] for r in a] == [r["model_output"] for r in b]
+    with pytest.raises(ValueError):
+        evaluate(policy, task, items, batch_size=0)
+    assert aggregate_scores(task, []) == {}
+
+
+def test_demo_quick_end_to_end_and_plot(tmp_path):
+    out = tmp_path / "demo"
+    text = mmgpg("demo", "--quick", "--output", str(out)).stdout
+    assert "| after SFT (before gpg) |" in text and "| after gpg (2 steps) |" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert 0 <= summary["accuracy_before"] <= 1 and 0 <= summary["accuracy_after"] <= 1
+    assert [s for s, _ in summary["eval_curve"]] == [0, 1, 2]
+    pngs = {p.name for p in (out / "plots").iterdir()}
+    assert {"reward.png", "valid.png", "alpha.png", "evaluation.png", "training.png"} <= pngs
+    listed = mmgpg("plot", str(out / "gpg"), "--out", str(tmp_path / "again")).stdout.split()
+    assert len(listed) == 5 and all(p.endswith(".png") for p in listed)
+    proc = mmgpg("plot", str(tmp_path / "nothing"), check=False)
+    assert proc.returncode == 2 and "metrics.jsonl" in proc.stderr
