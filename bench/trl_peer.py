@@ -70,6 +70,7 @@ from mmgpg_tasks.shapes import ShapesTask
 
 SCRIPT = Path(__file__).resolve()
 REPO = SCRIPT.parent.parent
+BUSY = 0.15  # mean cores used by other processes during a run above which the run is flagged
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 
 
@@ -92,6 +93,25 @@ class ParityShapesBench(ShapesTask):
 
 def _maxrss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def _cpu_snapshot() -> tuple[float, float, float]:
+    """(wall s, CPU s used by the whole machine, CPU s used by this process) for :func:`_other_load`."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in f.readline().split()[1:9])
+    hz = os.sysconf("SC_CLK_TCK")
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), (user + nice + system + irq + softirq + steal) / hz, me.ru_utime + me.ru_stime
+
+
+def _other_load(start: tuple[float, float, float]) -> float:
+    """Mean number of cores other processes (and the hypervisor, as steal) kept busy since ``start``.
+
+    On 2 cores with 2 torch threads, anything above ~0.1 slows the run: a concurrent job here was seen to make the
+    same steps 40-60x slower (OpenMP threads spinning against each other), so such runs are flagged in the report.
+    """
+    end = _cpu_snapshot()
+    return max(0.0, (end[1] - start[1]) - (end[2] - start[2])) / max(end[0] - start[0], 1e-9)
 
 
 def prompt_order(num_prompts: int, prompts_per_step: int, steps: int, seed: int) -> list[int]:
@@ -137,19 +157,21 @@ def child_mmgpg(a: argparse.Namespace) -> dict:
     init_s = time.perf_counter() - t0
     rss_setup = _maxrss_mib()
     steps, metrics = [], []
+    cpu0 = _cpu_snapshot()
     for _ in range(a.steps):
         t0 = time.perf_counter()
         m = trainer.train_step()
         steps.append(time.perf_counter() - t0)
         metrics.append(m)
     rss_peak = _maxrss_mib()
+    other_load = _other_load(cpu0)
     ids: dict[int, list[str]] = {}
     with open(run_dir / "prompt_success.jsonl") as f:
         for line in f:
             rec = json.loads(line)
             ids.setdefault(rec["step"], []).append(rec["prompt_id"])
     return {
-        "side": "mmgpg", "step_s": steps, "init_s": init_s, "threads": torch.get_num_threads(),
+        "side": "mmgpg", "suppressed": trainer.policy.vision_token_ids, "step_s": steps, "init_s": init_s, "other_load": other_load, "threads": torch.get_num_threads(),
         "rss_imports": rss_imports, "rss_setup": rss_setup, "rss_peak": rss_peak,
         "reward": [m["reward/total"] for m in metrics],
         "zero_var_frac": [m["gpg/num_zero_variance"] / m["gpg/num_samples"] for m in metrics],
@@ -219,13 +241,15 @@ def child_trl(a: argparse.Namespace) -> dict:
 
     timer = Timer()
     trainer.add_callback(timer)
+    cpu0 = _cpu_snapshot()
     trainer.train()
     rss_peak = _maxrss_mib()
+    other_load = _other_load(cpu0)
     b, e = timer.begin, timer.end
     full = [e[0] - b[0]] + [e[k] - e[k - 1] for k in range(1, len(e))]  # step 1 has no previous end: core time
     logs = timer.logs
     return {
-        "side": "trl", "step_s": full, "core_s": [y - x for x, y in zip(b, e)], "init_s": init_s,
+        "side": "trl", "suppressed": list(trainer.generation_config.suppress_tokens or []), "step_s": full, "core_s": [y - x for x, y in zip(b, e)], "init_s": init_s, "other_load": other_load,
         "threads": torch.get_num_threads(), "model_dtype": str(trainer.model.dtype),
         "rss_imports": rss_imports, "rss_setup": rss_setup, "rss_peak": rss_peak,
         "reward": [g["reward"] for g in logs], "zero_var_frac": [g["frac_reward_zero_std"] for g in logs],
@@ -249,7 +273,20 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
+def wait_for_idle(limit_s: float) -> float:
+    """Sleep until other processes use under ``BUSY`` cores over a 2 s window (at most ``limit_s``); the seconds waited."""
+    t0 = time.perf_counter()
+    while True:
+        start = _cpu_snapshot()
+        time.sleep(2.0)
+        if _other_load(start) < BUSY or time.perf_counter() - t0 > limit_s:
+            return time.perf_counter() - t0 - 2.0
+
+
 def run_child(side: str, a: argparse.Namespace, model: Path, scratch: Path, tag: str) -> dict:
+    waited = wait_for_idle(a.wait_idle)
+    if waited > 1:
+        print(f"  waited {waited:.0f} s for other processes to leave the CPU before {tag}", flush=True)
     out = scratch / f"{tag}.json"
     cmd = [sys.executable, str(SCRIPT), "--child", side, "--model", str(model), "--run-dir", str(scratch / tag),
            "--json", str(out), "--steps", str(a.steps), "--prompts", str(a.prompts), "--group-size", str(a.group_size),
@@ -281,8 +318,11 @@ def summarize(a: argparse.Namespace, runs: list[tuple[str, dict, dict]], command
     med = statistics.median
     same = all(m["prompt_ids"] == t["prompt_ids"] for m, t in zip(mm, tr))
 
+    def mean_of(side: list[dict], key: str, fmt: str) -> str:
+        return format(_mean([_mean(r[key]) for r in side]), fmt)
+
     def both(key: str, fmt: str) -> tuple[str, str]:
-        return (format(_mean([_mean(r[key]) for r in mm]), fmt), format(_mean([_mean(r[key]) for r in tr]), fmt))
+        return mean_of(mm, key, fmt), mean_of(tr, key, fmt)
 
     def span(xs: list[float], fmt: str = ".2f") -> str:
         return f"{format(min(xs), fmt)}-{format(max(xs), fmt)}"
@@ -296,7 +336,8 @@ def summarize(a: argparse.Namespace, runs: list[tuple[str, dict, dict]], command
         f"Setup: tiny Qwen2-VL ({params / 1e6:.2f} M params, random init, float32), P={a.prompts} prompts x "
         f"G={a.group_size} completions per step, <= {a.max_new_tokens} new tokens, {a.steps} steps, "
         f"{a.num_prompts} shapes prompts (same order on both sides: {'checked' if same else 'MISMATCH'}), "
-        f"length-parity reward, lr {a.lr:g}, {a.threads} threads, {a.repeats} pairs of child processes "
+        f"length-parity reward, lr {a.lr:g}, suppressed token ids {mm[0]['suppressed']} (mmgpg) / "
+        f"{tr[0]['suppressed']} (TRL), {a.threads} threads, {a.repeats} pairs of child processes "
         "(order alternates mmgpg/trl). How each side is configured: the docstring of bench/trl_peer.py.",
         "",
         "| | mmgpg | TRL | TRL/mmgpg |",
@@ -321,14 +362,20 @@ def summarize(a: argparse.Namespace, runs: list[tuple[str, dict, dict]], command
         "| mean grad norm (before clipping) | {} | {} | |".format(*both("grad_norm", ".3f")),
         "",
         f"mmgpg phases (median over steps 3..N and runs): rollout {med([_median_steps(r['rollout_s']) for r in mm]):.3f} s, "
-        f"update {med([_median_steps(r['update_s']) for r in mm]):.3f} s; mean alpha {both('alpha', '.3f')[0]}. "
+        f"update {med([_median_steps(r['update_s']) for r in mm]):.3f} s; mean alpha {mean_of(mm, 'alpha', '.3f')}. "
         f"TRL's own `step_time` metric (training_step only): {med([_median_steps(r['trl_step_time']) for r in tr]):.3f} s.",
         "",
-        "| pair | order | mmgpg s | TRL s | TRL/mmgpg | mmgpg RSS growth MiB | TRL RSS growth MiB |",
-        "|---:|---|---:|---:|---:|---:|---:|",
+        "| pair | order | mmgpg s | TRL s | TRL/mmgpg | mmgpg RSS growth MiB | TRL RSS growth MiB "
+        "| other load, cores (mmgpg / TRL) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for i, (order, _, _) in enumerate(runs):
-        lines.append(f"| {i + 1} | {order} | {mm_t[i]:.3f} | {tr_t[i]:.3f} | {ratios[i]:.2f} | {mm_g[i]:.0f} | {tr_g[i]:.0f} |")
+    for i, (order, m, t) in enumerate(runs):
+        lines.append(f"| {i + 1} | {order} | {mm_t[i]:.3f} | {tr_t[i]:.3f} | {ratios[i]:.2f} | {mm_g[i]:.0f} | "
+                     f"{tr_g[i]:.0f} | {m['other_load']:.2f} / {t['other_load']:.2f} |")
+    busy = [i + 1 for i, (_, m, t) in enumerate(runs) if max(m["other_load"], t["other_load"]) > BUSY]
+    if busy:
+        lines += ["", f"**Warning: other processes kept more than {BUSY} cores busy during pair(s) "
+                  f"{', '.join(map(str, busy))}; their step times are not clean. Rerun on an idle machine.**"]
     lines += [
         "",
         "Step s is whole-step wall time: mmgpg's `Trainer.train_step()`; TRL's interval between consecutive "
@@ -354,6 +401,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "trl_peer.md"), help="'' to skip writing")
+    ap.add_argument("--wait-idle", type=float, default=300,
+                    help="before each child, wait up to this many seconds for other processes to leave the CPU")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (model, runs, child logs)")
     ap.add_argument("--child", choices=["mmgpg", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -393,7 +442,8 @@ def main() -> None:
             res = {side: run_child(side, a, model_dir, scratch, f"{side}-r{i + 1}") for side in order}
             runs.append(("/".join(order), res["mmgpg"], res["trl"]))
             print(f"pair {i + 1} ({'/'.join(order)}): mmgpg {_median_steps(res['mmgpg']['step_s']):.3f} s/step, "
-                  f"TRL {_median_steps(res['trl']['step_s']):.3f} s/step", flush=True)
+                  f"TRL {_median_steps(res['trl']['step_s']):.3f} s/step; other load "
+                  f"{res['mmgpg']['other_load']:.2f} / {res['trl']['other_load']:.2f} cores", flush=True)
         report = summarize(a, runs, command, versions, date, params, time.perf_counter() - t_start)
     finally:
         if a.keep:

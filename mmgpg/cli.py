@@ -267,7 +267,8 @@ def cmd_demo(args) -> int:
 
     settings = DemoSettings(output=args.output or "", seed=args.seed, sft_steps=args.sft_steps,
                             gpg_steps=args.gpg_steps, eval_limit=args.eval_limit, eval_every=args.eval_every,
-                            prompts_per_step=args.prompts_per_step, algo=args.algo, threads=args.threads)
+                            prompts_per_step=args.prompts_per_step, algo=args.algo, threads=args.threads,
+                            sft_lr=args.sft_lr, gpg_lr=args.lr, overrides=tuple(args.set))
     if args.quick:
         settings.sft_steps, settings.gpg_steps, settings.eval_limit, settings.eval_every = 4, 2, 8, 1
         settings.prompts_per_step, settings.max_resample_attempts = 2, 2
@@ -323,6 +324,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--algo", default=d.algo, help="any configs/algo/ name (default gpg)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--sft-lr", type=float, default=d.sft_lr)
+    p.add_argument("--lr", type=float, default=d.gpg_lr, help="RL learning rate")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra config override for SFT and RL, e.g. --set task.format_reward=false (repeatable)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke version (tiny budgets)")
     p.set_defaults(func=cmd_demo)
 

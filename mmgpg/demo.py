@@ -30,6 +30,8 @@ class DemoSettings:
     algo: str = "gpg"
     max_resample_attempts: int = 20
     threads: int = 0
+    overrides: tuple[str, ...] = ()
+    """Extra KEY=VALUE config overrides applied to both SFT and RL (e.g. task.format_reward=false)."""
 
 
 def run_demo(s: DemoSettings, console=None) -> dict:
@@ -45,7 +47,7 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     say = console.print if console is not None else print
     out = Path(s.output or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     common = ["task=shapes", "model=tiny", f"seed={s.seed}", "rollout.max_new_tokens=32", "device=cpu",
-              f"train.eval_limit={s.eval_limit}", f"task.seed={s.seed}"]
+              f"train.eval_limit={s.eval_limit}", f"task.num_test={max(s.eval_limit, 1)}", *s.overrides]
     t0 = time.perf_counter()
 
     say(f"[bold]1/3 SFT warm start[/bold]: {s.sft_steps} steps of 32 gold answers, lr {s.sft_lr}")

@@ -90,14 +90,15 @@ class ShapesTask:
     """Most shapes in an image."""
     seed: int = 0
     """Data seed; items are a pure function of (seed, split, index)."""
+    format_reward: bool = True
+    """Include the format reward (<think>...</think><answer>...</answer>) besides accuracy."""
 
     def __post_init__(self):
         if not 1 <= self.min_shapes <= self.max_shapes <= 8:
             raise ValueError(f"need 1 <= min_shapes <= max_shapes <= 8; got {self.min_shapes}, {self.max_shapes}")
-        self.rewards = {
-            "accuracy": lambda completion, ex: integer_accuracy(completion, ex.answer),
-            "format": lambda completion, ex: format_reward(completion),
-        }
+        self.rewards = {"accuracy": lambda completion, ex: integer_accuracy(completion, ex.answer)}
+        if self.format_reward:
+            self.rewards["format"] = lambda completion, ex: format_reward(completion)
 
     def splits(self) -> dict[str, int]:
         return {"train": self.num_train, "test": self.num_test}
