@@ -271,6 +271,7 @@ def cmd_demo(args) -> int:
                             sft_lr=args.sft_lr, gpg_lr=args.lr, overrides=tuple(args.set))
     if args.quick:
         settings.sft_steps, settings.gpg_steps, settings.eval_limit, settings.eval_every = 4, 2, 8, 1
+        settings.eval_samples = 2
         settings.prompts_per_step, settings.max_resample_attempts = 2, 2
     run_demo(settings, _console())
     return 0

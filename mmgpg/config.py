@@ -155,6 +155,9 @@ class TrainConfig:
     """Task split for evaluations during training."""
     eval_limit: int = 200
     """Evaluate on the first N items of eval_split (0: all)."""
+    eval_samples: int = 0
+    """Also sample this many completions per eval item at rollout.temperature and log their mean scores as
+    eval/sampled_<metric> (0: greedy only)."""
 
 
 @dataclass

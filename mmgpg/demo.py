@@ -27,6 +27,7 @@ class DemoSettings:
     group_size: int = 8
     eval_limit: int = 300
     eval_every: int = 50
+    eval_samples: int = 8
     algo: str = "gpg"
     max_resample_attempts: int = 20
     threads: int = 0
@@ -63,7 +64,7 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     trainer = Trainer(resolve(common + [
         f"algo={s.algo}", f"model.name_or_path={final}", "model.dtype=float32", f"train.max_steps={s.gpg_steps}",
         f"train.prompts_per_step={s.prompts_per_step}", f"train.micro_batch_prompts={s.prompts_per_step}",
-        f"rollout.group_size={s.group_size}", f"train.learning_rate={s.gpg_lr}", f"train.eval_every={s.eval_every}",
+        f"rollout.group_size={s.group_size}", f"train.learning_rate={s.gpg_lr}", f"train.eval_every={s.eval_every}", f"train.eval_samples={s.eval_samples}",
         f"algo.max_resample_attempts={s.max_resample_attempts}", "train.tensorboard=false",
         f"output_dir={out / 'gpg'}"]))
     trainer.train()
@@ -73,18 +74,28 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     evals = [r for r in rows if "eval/accuracy" in r]
     before, after = evals[0], evals[-1]
     plots = plot_run(out / "gpg", out / "plots")
+    sampled = "eval/sampled_accuracy" in before
     summary = {
         "settings": asdict(s), "output": str(out),
         "accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
         "format_before": before.get("eval/format"), "format_after": after.get("eval/format"),
+        "sampled_accuracy_before": before.get("eval/sampled_accuracy"),
+        "sampled_accuracy_after": after.get("eval/sampled_accuracy"),
         "eval_samples": before.get("eval/num_samples"), "eval_curve": [(r["step"], r["eval/accuracy"]) for r in evals],
         "seconds_sft": t_sft, "seconds_rl": t_gpg, "plots": [str(p) for p in plots],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     say("[bold]3/3 result[/bold] (greedy, test split, "
         f"{int(before.get('eval/num_samples', 0))} images; chance is 0.20)")
-    say(f"| stage | accuracy | format |\n|---|---:|---:|\n"
-        f"| after SFT (before {s.algo}) | {before['eval/accuracy']:.3f} | {before.get('eval/format', float('nan')):.3f} |\n"
-        f"| after {s.algo} ({s.gpg_steps} steps) | {after['eval/accuracy']:.3f} | {after.get('eval/format', float('nan')):.3f} |")
+    def row(name: str, r: dict) -> str:
+        cells = [r["eval/accuracy"], r.get("eval/format", float("nan"))]
+        if sampled:
+            cells.append(r["eval/sampled_accuracy"])
+        return f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells) + " |"
+
+    header = "| stage | greedy accuracy | greedy format |" + (f" sampled accuracy (mean of {s.eval_samples}, T=1) |"
+                                                             if sampled else "")
+    say("\n".join([header, "|---|---:|---:|" + ("---:|" if sampled else ""),
+                   row(f"after SFT (before {s.algo})", before), row(f"after {s.algo} ({s.gpg_steps} steps)", after)]))
     say(f"time: SFT {t_sft:.0f} s, {s.algo} {t_gpg:.0f} s. Plots: {out / 'plots'}; summary: {out / 'summary.json'}")
     return summary

@@ -38,6 +38,23 @@ def aggregate_scores(task: Any, per_sample: Sequence[dict[str, float]]) -> dict[
 
 
 @torch.no_grad()
+def sampled_scores(policy: Policy, task: Any, examples: Sequence[Example], *, samples: int, temperature: float = 1.0,
+                   batch_size: int = 32, max_new_tokens: int = 64) -> dict[str, float]:
+    """Mean of each score over ``samples`` completions per example at ``temperature`` (mean@k: the success rate of
+    the sampling policy that RL optimises, estimated without the variance of a single sample)."""
+    if samples < 1 or batch_size < 1:
+        raise ValueError(f"samples and batch_size must be >= 1; got {samples}, {batch_size}")
+    per_sample: list[dict[str, float]] = []
+    per_batch = max(1, batch_size // samples)
+    for start in range(0, len(examples), per_batch):
+        chunk = examples[start : start + per_batch]
+        out = policy.generate(policy.encode_prompts([task.prompt(ex) for ex in chunk]), samples,
+                              max_new_tokens=max_new_tokens, temperature=temperature)
+        per_sample += [score_sample(task, text, chunk[i // samples]) for i, text in enumerate(out.texts)]
+    return aggregate_scores(task, per_sample)
+
+
+@torch.no_grad()
 def evaluate(policy: Policy, task: Any, examples: Sequence[Example], *, batch_size: int = 32,
              max_new_tokens: int = 64) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy-decode every example (batched) and score it; return ``(aggregate metrics, per-sample records)``."""

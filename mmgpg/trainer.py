@@ -395,16 +395,22 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy evaluation on ``train.eval_split`` (rank 0 evaluates, every rank gets the numbers)."""
-        from mmgpg.evaluate import evaluate
+        from mmgpg.evaluate import evaluate, sampled_scores
 
         metrics = None
         if self.dist.is_main:
-            items = self.task.load(self.cfg.train.eval_split)
-            n = len(items) if self.cfg.train.eval_limit <= 0 else min(self.cfg.train.eval_limit, len(items))
-            with self.autocast:
-                scores, _ = evaluate(self.policy, self.task, list(items[:n]),
-                                     max_new_tokens=self.cfg.rollout.max_new_tokens)
-            metrics = {f"eval/{k}": v for k, v in scores.items()}
+            t, r = self.cfg.train, self.cfg.rollout
+            items = self.task.load(t.eval_split)
+            examples = list(items[: len(items) if t.eval_limit <= 0 else min(t.eval_limit, len(items))])
+            # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
+            with self.autocast, torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                scores, _ = evaluate(self.policy, self.task, examples, max_new_tokens=r.max_new_tokens)
+                metrics = {f"eval/{k}": v for k, v in scores.items()}
+                if t.eval_samples:
+                    torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
+                    sampled = sampled_scores(self.policy, self.task, examples, samples=t.eval_samples,
+                                             temperature=r.temperature or 1.0, max_new_tokens=r.max_new_tokens)
+                    metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
         return distributed.broadcast_object(metrics)
 
     def save(self) -> Path:

@@ -68,6 +68,7 @@ def test_demo_quick_end_to_end_and_plot(tmp_path):
     out = tmp_path / "demo"
     text = mmgpg("demo", "--quick", "--output", str(out)).stdout
     assert "| after SFT (before gpg) |" in text and "| after gpg (2 steps) |" in text
+    assert "sampled accuracy (mean of 2, T=1)" in text
     summary = json.loads((out / "summary.json").read_text())
     assert 0 <= summary["accuracy_before"] <= 1 and 0 <= summary["accuracy_after"] <= 1
     assert [s for s, _ in summary["eval_curve"]] == [0, 1, 2]
@@ -77,3 +78,19 @@ def test_demo_quick_end_to_end_and_plot(tmp_path):
     assert len(listed) == 5 and all(p.endswith(".png") for p in listed)
     proc = mmgpg("plot", str(tmp_path / "nothing"), check=False)
     assert proc.returncode == 2 and "metrics.jsonl" in proc.stderr
+
+
+def test_sampled_scores_average_over_samples(tiny_dirs):
+    import torch
+
+    from mmgpg.evaluate import sampled_scores
+
+    policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
+    task = build_task(f"{__file__.rsplit('/', 1)[0]}/fixture_tasks.py:ParityShapes")
+    items = list(task.load("test")[:3])
+    torch.manual_seed(0)
+    scores = sampled_scores(policy, task, items, samples=4, batch_size=8, max_new_tokens=6)
+    # 12 completions scored 0 or 1: the mean is a multiple of 1/12
+    assert abs(scores["accuracy"] * 12 - round(scores["accuracy"] * 12)) < 1e-9
+    with pytest.raises(ValueError):
+        sampled_scores(policy, task, items, samples=0)
