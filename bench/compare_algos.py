@@ -82,7 +82,7 @@ def main() -> None:
                                        "train.progress=false", f"output_dir={out}"]))
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        for out, cmd in jobs:
+        for out, _cmd in jobs:
             print(f"queued {out.name}", flush=True)
         list(pool.map(lambda job: run(job[1], job[0].with_suffix(".log")), jobs))
     print(f"runs took {time.time() - t0:.0f} s", flush=True)
