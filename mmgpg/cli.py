@@ -233,7 +233,7 @@ def cmd_eval(args) -> int:
     from mmgpg.config import resolve
     from mmgpg.evaluate import evaluate, write_evaluation
     from mmgpg.policy import load_policy
-    from mmgpg.task import build_task
+    from mmgpg.task import build_task, first_items
     from mmgpg.utils import make_run_dir, resolve_device
 
     cfg = resolve([f"task={args.task}", *args.overrides], config_dirs=args.config_dir).config
@@ -242,9 +242,7 @@ def cmd_eval(args) -> int:
                          attn_implementation=m.attn_implementation, device=resolve_device(cfg.device),
                          max_prompt_length=m.max_prompt_length)
     task = build_task(cfg.task.name, cfg.task.options)
-    items = task.load(args.split)
-    n = len(items) if args.limit is None else min(args.limit, len(items))
-    metrics, records = evaluate(policy, task, list(items[:n]), batch_size=args.batch_size,
+    metrics, records = evaluate(policy, task, first_items(task.load(args.split), args.limit), batch_size=args.batch_size,
                                 max_new_tokens=args.max_new_tokens)
     out = make_run_dir(args.output or "", "eval")
     write_evaluation(out, metrics, records, {"task": task.name, "task_version": task.version, "split": args.split,

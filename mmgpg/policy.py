@@ -57,6 +57,21 @@ def completion_mask(completion_ids: torch.Tensor, eos_token_ids: Sequence[int]) 
     return eos_before == 0
 
 
+def pad_completions(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token-id lists into ``(ids [N, T], mask [N, T])``; ``T`` is the longest length (at least 1).
+
+    >>> [t.tolist() for t in pad_completions([[5, 2], [7]], 0)]
+    [[[5, 2], [7, 0]], [[True, True], [True, False]]]
+    """
+    width = max([1, *(len(s) for s in sequences)])
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+    for i, s in enumerate(sequences):
+        ids[i, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        mask[i, : len(s)] = True
+    return ids, mask
+
+
 def group_image_index(images_per_prompt: Sequence[int], group_size: int) -> list[int]:
     """Image indices of the expanded (prompt-major, ``group_size`` copies per prompt) batch.
 

@@ -18,8 +18,8 @@ import torch
 from mmgpg.config import Resolved, save_config
 from mmgpg.data import PromptStream
 from mmgpg.evaluate import evaluate
-from mmgpg.policy import Policy, Rollout, load_policy
-from mmgpg.task import Example, build_task
+from mmgpg.policy import Policy, Rollout, load_policy, pad_completions
+from mmgpg.task import Example, build_task, first_items
 from mmgpg.utils import make_run_dir, resolve_device, seed_everything
 
 
@@ -31,13 +31,8 @@ def gold_rollout(policy: Policy, task: Any, examples: list[Example]) -> Rollout:
     batch = policy.encode_prompts([task.prompt(ex) for ex in examples])
     tok = policy.processor.tokenizer
     end = policy.eos_token_ids[0]
-    seqs = [tok(gold(ex), add_special_tokens=False)["input_ids"] + [end] for ex in examples]
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), policy.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        mask[i, : len(s)] = True
+    ids, mask = pad_completions([tok(gold(ex), add_special_tokens=False)["input_ids"] + [end] for ex in examples],
+                                policy.pad_token_id)
     return Rollout(batch, 1, ids, mask)
 
 
@@ -59,7 +54,7 @@ class SFTTrainer:
                                   max_prompt_length=m.max_prompt_length)
         self.task = build_task(cfg.task.name, cfg.task.options)
         self.dataset = self.task.load(cfg.train.split)
-        self.eval_examples = _first(self.task.load(cfg.train.eval_split), cfg.train.eval_limit)
+        self.eval_examples = first_items(self.task.load(cfg.train.eval_split), cfg.train.eval_limit)
         self.stream = PromptStream(len(self.dataset), cfg.seed)
         self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad],
                                            lr=cfg.sft.learning_rate)
@@ -98,8 +93,3 @@ class SFTTrainer:
         model.save_pretrained(final)
         self.policy.processor.save_pretrained(final)
         return final
-
-
-def _first(items, limit: int) -> list[Example]:
-    n = len(items) if limit <= 0 else min(limit, len(items))
-    return list(items[:n])

@@ -159,6 +159,12 @@ def build_task(name: str, options: Mapping[str, Any] | None = None):
     return task
 
 
+def first_items(items: Sequence[Example], limit: int | None) -> list[Example]:
+    """The first ``limit`` items (all of them when ``limit`` is None or <= 0)."""
+    n = len(items) if limit is None or limit <= 0 else min(limit, len(items))
+    return list(items[:n])
+
+
 def task_rewards(task: Any, completion: str, example: Example) -> dict[str, float]:
     """Every named reward of ``task`` for one completion; ``total`` is their sum."""
     scores = {name: float(fn(completion, example)) for name, fn in task.rewards.items()}

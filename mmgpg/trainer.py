@@ -31,8 +31,8 @@ from mmgpg import algorithms, distributed
 from mmgpg.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 from mmgpg.config import Config, Resolved, save_config
 from mmgpg.data import PromptStream
-from mmgpg.policy import Policy, Rollout, load_policy
-from mmgpg.task import Example, build_task, task_rewards
+from mmgpg.policy import Policy, Rollout, load_policy, pad_completions
+from mmgpg.task import Example, build_task, first_items, task_rewards
 from mmgpg.utils import resolve_device, seed_everything
 
 
@@ -240,13 +240,7 @@ class Trainer:
 
     def _collate(self, groups: list[Group]) -> Rollout:
         batch = self.policy.encode_prompts([self.task.prompt(g.example) for g in groups])
-        seqs = [ids for g in groups for ids in g.completion_ids]
-        width = max(1, max(len(s) for s in seqs))
-        ids = torch.full((len(seqs), width), self.policy.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.bool)
-        for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-            mask[i, : len(s)] = True
+        ids, mask = pad_completions([ids for g in groups for ids in g.completion_ids], self.policy.pad_token_id)
         return Rollout(batch, self.cfg.rollout.group_size, ids, mask)
 
     def _logprobs(self, policy: Policy, rollout: Rollout) -> torch.Tensor:
@@ -400,8 +394,7 @@ class Trainer:
         metrics = None
         if self.dist.is_main:
             t, r = self.cfg.train, self.cfg.rollout
-            items = self.task.load(t.eval_split)
-            examples = list(items[: len(items) if t.eval_limit <= 0 else min(t.eval_limit, len(items))])
+            examples = first_items(self.task.load(t.eval_split), t.eval_limit)
             # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
             with self.autocast, torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
                 scores, _ = evaluate(self.policy, self.task, examples, max_new_tokens=r.max_new_tokens)
