@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--eval-limit", type=int, default=400)
+    ap.add_argument("--eval-samples", type=int, default=4, help="sampled completions per test image (mean@k)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--algos", nargs="+", default=list(ALGOS))
     ap.add_argument("--parallel", type=int, default=2)
@@ -78,7 +79,8 @@ def main() -> None:
                                        f"train.max_steps={args.steps}", f"train.prompts_per_step={args.prompts_per_step}",
                                        f"train.micro_batch_prompts={args.prompts_per_step}",
                                        f"rollout.group_size={args.group_size}", f"train.learning_rate={args.lr}",
-                                       f"train.eval_every={args.steps}", "train.tensorboard=false",
+                                       f"train.eval_every={args.steps}", f"train.eval_samples={args.eval_samples}",
+                                       "train.tensorboard=false",
                                        "train.progress=false", f"output_dir={out}"]))
     t0 = time.time()
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
@@ -92,19 +94,25 @@ def main() -> None:
              f"**{sft_eval:.3f}**; each run: {args.steps} steps x {args.prompts_per_step} prompts x G={args.group_size}, "
              f"lr {args.lr}; greedy evaluation on {args.eval_limit} test images; seeds {args.seeds}; "
              f"{args.parallel} runs in parallel, 1 thread each.", "",
-             "| algorithm | final accuracy (mean ± std) | per seed | Δ vs SFT | s/step (mean ± std) |",
-             "|---|---:|---|---:|---:|"]
+             f"| algorithm | greedy accuracy (mean ± std) | per seed | Δ vs SFT | sampled accuracy, mean of "
+             f"{args.eval_samples} (mean ± std) | Δ vs start | s/step (mean ± std) |",
+             "|---|---:|---|---:|---:|---:|---:|"]
+
+    def mean_sd(xs: list[float]) -> str:
+        return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
+
     for algo in args.algos:
-        accs, times = [], []
+        accs, sampled, sampled_start, times = [], [], [], []
         for seed in args.seeds:
             rows = [json.loads(x) for x in (work / f"{algo}-seed{seed}" / "metrics.jsonl").read_text().splitlines()]
-            accs.append([r for r in rows if "eval/accuracy" in r][-1]["eval/accuracy"])
+            evals = [r for r in rows if "eval/accuracy" in r]
+            accs.append(evals[-1]["eval/accuracy"])
+            sampled.append(evals[-1].get("eval/sampled_accuracy", float("nan")))
+            sampled_start.append(evals[0].get("eval/sampled_accuracy", float("nan")))
             times.append(statistics.median(r["time/step"] for r in rows if "time/step" in r))
-        sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
-        tsd = statistics.stdev(times) if len(times) > 1 else 0.0
-        lines.append(f"| {ALGOS.get(algo, algo)} (`{algo}`) | {statistics.mean(accs):.3f} ± {sd:.3f} | "
-                     f"{', '.join(f'{a:.3f}' for a in accs)} | {statistics.mean(accs) - sft_eval:+.3f} | "
-                     f"{statistics.mean(times):.2f} ± {tsd:.2f} |")
+        lines.append(f"| {ALGOS.get(algo, algo)} (`{algo}`) | {mean_sd(accs)} | {', '.join(f'{a:.3f}' for a in accs)} | "
+                     f"{statistics.mean(accs) - sft_eval:+.3f} | {mean_sd(sampled)} | "
+                     f"{statistics.mean(sampled) - statistics.mean(sampled_start):+.3f} | {mean_sd(times)} |")
     table = "\n".join(lines) + "\n"
     print(table)
     if args.out:
