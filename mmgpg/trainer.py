@@ -101,7 +101,11 @@ class Trainer:
         if cfg.train.freeze_vision:
             model.model.visual.requires_grad_(False)
         if cfg.train.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:  # transformers 5.19
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.train.learning_rate, betas=tuple(cfg.train.adam_betas),
                                            eps=cfg.train.adam_eps, weight_decay=cfg.train.weight_decay)
@@ -132,6 +136,12 @@ class Trainer:
             problems.append(Problem("rollout.group_size", cfg.rollout.group_size,
                                     "A group of one always has zero variance and never teaches anything.",
                                     "use 2 or more (the papers use 8)."))
+        if cfg.train.wandb:
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:
+                problems.append(Problem("train.wandb", True, "The wandb package is not installed.",
+                                        "pip install wandb, or set train.wandb=false."))
         if problems:
             raise ConfigError(problems)
 
@@ -353,10 +363,8 @@ class Trainer:
 
             self.tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
         if self.cfg.train.wandb:
-            try:
-                import wandb
-            except ImportError as err:
-                raise ImportError("train.wandb=true needs the wandb package: pip install wandb") from err
+            import wandb
+
             from mmgpg.config import to_dict
 
             self.wandb = wandb.init(project=self.cfg.train.wandb_project, dir=str(self.run_dir),

@@ -42,11 +42,11 @@ def _args(model_dir: str, out: str, algo: str) -> list[str]:
             "train.tensorboard=false", f"output_dir={out}"]
 
 
-def _step(algo: str, model_dir: str, out: str, indices) -> dict[str, torch.Tensor]:
+def _step(algo: str, model_dir: str, out: str, indices, extra: tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
     from mmgpg.config import resolve
     from mmgpg.trainer import Trainer
 
-    trainer = Trainer(resolve(_args(model_dir, out, algo)))
+    trainer = Trainer(resolve(_args(model_dir, out, algo) + list(extra)))
     groups = _groups(trainer, indices)
     counts = trainer.advantages(groups)
     assert counts["num_samples"] == 16 and counts["num_zero_variance"] == 4
@@ -109,3 +109,12 @@ def test_mmgpg_train_under_torchrun(tmp_path):
     done = json.loads((run / "checkpoints" / "step-00000002" / "COMPLETE").read_text())
     assert done["world_size"] == 2
     assert (run / "checkpoints" / "step-00000002" / "rng_rank1.pt").exists()
+
+
+def test_gradient_checkpointing_gives_the_same_step(tiny_dirs, tmp_path):
+    """train.gradient_checkpointing recomputes activations in backward; the update must not change."""
+    model_dir = str(tiny_dirs["qwen2_vl"])
+    plain = _step("gpg", model_dir, str(tmp_path / "plain"), [0, 1, 2, 3])
+    ckpt = _step("gpg", model_dir, str(tmp_path / "ckpt"), [0, 1, 2, 3], ("train.gradient_checkpointing=true",))
+    for k in plain:
+        torch.testing.assert_close(ckpt[k], plain[k], atol=1e-6, rtol=0)

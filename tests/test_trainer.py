@@ -164,3 +164,15 @@ def test_layout_errors_are_config_errors(tmp_path):
                    f"output_dir={tmp_path / 'y'}", check=False)
     assert proc.returncode == 2
     assert "algo.updates_per_batch" in proc.stderr
+
+
+def test_trainer_layout_problems_are_collected(tmp_path):
+    import importlib.util
+
+    from mmgpg.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        Trainer(resolve([*TINY, "rollout.group_size=1", "train.wandb=true", f"output_dir={tmp_path / 'z'}"]))
+    keys = [p.key for p in info.value.problems]
+    assert "rollout.group_size" in keys
+    assert ("train.wandb" in keys) == (importlib.util.find_spec("wandb") is None)
