@@ -48,6 +48,11 @@ range), peak-RSS growth during training (and its ratio), absolute peaks, mean re
 mean completion length and gradient norm (to show both sides made real updates). Results go to
 ``bench/results/trl_peer.md`` (``--out``). Run-to-run noise on the 2-core VM is about +-25 % per run; read the
 paired ratios.
+
+Other work on the machine ruins the numbers: with 2 torch threads on 2 cores, one busy core elsewhere made steps
+3-60x slower here (TRL far more than mmgpg). So each child waits (``--wait-idle``) until other processes leave the
+CPU, measures how many cores others kept busy while it trained (from ``/proc/stat``), and a disturbed pair is run
+again (``--retries``); pairs still disturbed are flagged in the report.
 """
 
 from __future__ import annotations
