@@ -7,8 +7,8 @@ Run it wherever a GPU is available (no download needed: the model is built from 
     python bench/gpu_step.py --size tiny --device cpu --steps 2  # a quick CPU smoke run of the same script
 
 A random model gets no reward, so every group would have zero variance and GPG would skip the update; the script
-uses a length-parity reward (about half of random completions score 1) so that each step really runs the forward,
-backward and optimizer step. It writes ``bench/results/gpu_step-<size>-<device>.json`` and a markdown table beside it.
+uses the built-in ``shapes_parity`` task (a length-parity reward: about half of random completions score 1) so that
+each step really runs the forward, backward and optimizer step. It writes ``bench/results/gpu_step-<size>-<device>.json`` and a markdown table beside it.
 """
 
 from __future__ import annotations
@@ -19,23 +19,9 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
 import torch
-from mmgpg_tasks.shapes import ShapesTask
-
-
-@dataclass
-class ParityShapes(ShapesTask):
-    """Shapes prompts with a reward a random-init model already varies on (1 for an even number of characters)."""
-
-    name: ClassVar[str] = "parity_shapes_bench"
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.rewards = {"accuracy": lambda completion, ex: float(len(completion) % 2 == 0)}
 
 
 def main() -> None:
@@ -63,7 +49,7 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     policy = Policy(model, processor, min_pixels=3136, max_pixels=args.image_pixels, max_prompt_length=2048)
     overrides = [
-        f"task={Path(__file__).resolve()}:ParityShapes", "task.num_train=512", f"device={args.device}",
+        "task=shapes_parity", "task.num_train=512", f"device={args.device}",
         "model.dtype=auto", f"model.max_pixels={args.image_pixels}", "model.max_prompt_length=2048",
         f"rollout.group_size={args.group_size}", f"rollout.max_new_tokens={args.max_new_tokens}",
         f"train.prompts_per_step={args.prompts}", f"train.micro_batch_prompts={args.micro_batch}",

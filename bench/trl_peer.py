@@ -20,8 +20,8 @@ mmgpg side: ``Trainer(resolve([...]))`` with ``algo=gpg`` plus ``algo.min_valid_
 completions per step, like TRL), ``algo.aggregation=seq_mean_token_mean`` (TRL's ``loss_type="grpo"``),
 ``train.prompts_per_step=P``, ``train.micro_batch_prompts=P`` (one forward/backward), ``train.tensorboard=false``,
 ``train.progress=false``, ``model.dtype=float32``, ``model.min_pixels=3136``, ``model.max_pixels=12544`` (the tiny
-processor's own bounds, which TRL uses), ``device=cpu``, and the task ``ParityShapesBench`` defined in this file
-(``task=bench/trl_peer.py:ParityShapesBench``). Each ``trainer.train_step()`` is timed (it includes drawing the
+processor's own bounds, which TRL uses), ``device=cpu``, and the built-in task ``shapes_parity``
+(``mmgpg_tasks.shapes.ShapesParityTask``; reward ``length_parity``). Each ``trainer.train_step()`` is timed (it includes drawing the
 images, encoding, rollout, rewards, advantages, update and per-step records). Algorithmic differences that are part
 of what is measured: mmgpg applies GPG's alpha = B/(B-M) (free) and skips zero-variance groups in the backward; it
 encodes each prompt's image once in the training forward and excludes the suppressed tokens from the scored softmax.
@@ -67,33 +67,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
 
-from mmgpg_tasks.shapes import ShapesTask
+from mmgpg_tasks.shapes import ShapesTask, length_parity
 
 SCRIPT = Path(__file__).resolve()
 REPO = SCRIPT.parent.parent
 BUSY = 0.15  # mean cores used by other processes during a run above which the run is flagged
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
-
-
-def parity(text: str) -> float:
-    """The shared reward: 1.0 for an even number of characters."""
-    return float(len(text) % 2 == 0)
-
-
-@dataclass
-class ParityShapesBench(ShapesTask):
-    """Shapes prompts and images with the length-parity reward (mmgpg side; loaded as ``this_file.py:ParityShapesBench``)."""
-
-    name: ClassVar[str] = "parity_shapes_bench"
-    version: ClassVar[str] = "bench"
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.rewards = {"parity": lambda completion, ex: parity(completion)}
 
 
 def _maxrss_mib() -> float:
@@ -147,7 +128,7 @@ def child_mmgpg(a: argparse.Namespace) -> dict:
     rss_imports = _maxrss_mib()
     run_dir = Path(a.run_dir)  # the Trainer creates it
     overrides = [
-        "algo=gpg", f"task={SCRIPT}:ParityShapesBench", f"task.num_train={a.num_prompts}",
+        "algo=gpg", "task=shapes_parity", f"task.num_train={a.num_prompts}",
         f"model.name_or_path={a.model}", "model.dtype=float32", "model.min_pixels=3136", "model.max_pixels=12544",
         f"rollout.group_size={a.group_size}", f"rollout.max_new_tokens={a.max_new_tokens}", "rollout.temperature=1.0",
         "rollout.top_p=1.0", "rollout.top_k=0",
@@ -209,7 +190,7 @@ def child_trl(a: argparse.Namespace) -> dict:
 
     def parity_reward(completions, **kwargs):  # TRL passes the dataset columns (here `id`) as keyword arguments
         seen_ids.append(list(dict.fromkeys(kwargs["id"])))  # each prompt appears G times, consecutively
-        return [parity(c[0]["content"]) for c in completions]
+        return [length_parity(c[0]["content"]) for c in completions]
 
     tok = AutoTokenizer.from_pretrained(a.model)
     suppress = [tok.convert_tokens_to_ids(t) for t in VISION_TOKENS]

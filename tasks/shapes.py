@@ -150,3 +150,25 @@ class _LazyItems(Sequence[Example]):
         if index < 0:
             index += self.n
         return self.task.example(self.split, index)
+
+
+def length_parity(completion: str) -> float:
+    """1.0 when the completion has an even number of characters: about half of a random model's completions."""
+    return float(len(completion) % 2 == 0)
+
+
+@dataclass
+class ShapesParityTask(ShapesTask):
+    """Shapes prompts and images with a length-parity reward (benchmarks and tests of the training machinery).
+
+    A randomly initialised model earns nothing on ``shapes`` (every group has zero variance, so GPG skips every
+    update); with this reward about half of its completions score 1, so each step really runs forward, backward
+    and the optimizer. It teaches nothing about images: use it to measure and test, not to train.
+    """
+
+    name: ClassVar[str] = "shapes_parity"
+    version: ClassVar[str] = "1"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.rewards = {"accuracy": lambda completion, ex: length_parity(completion)}

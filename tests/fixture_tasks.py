@@ -6,19 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mmgpg_tasks.shapes import ShapesTask
+from mmgpg_tasks.shapes import ShapesParityTask, ShapesTask
 
-
-@dataclass
-class ParityShapes(ShapesTask):
-    """Reward 1 when the completion has an even number of characters (about half of random completions)."""
-
-    name: ClassVar[str] = "parity_shapes"
-    version: ClassVar[str] = "test"
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.rewards = {"accuracy": lambda completion, ex: float(len(completion) % 2 == 0)}
+# Loaded by the tests as `fixture_tasks.py:ParityShapes`, which also exercises the path/to/file.py:Class loader.
+ParityShapes = ShapesParityTask
 
 
 @dataclass
