@@ -135,7 +135,7 @@ def cmd_sample(args) -> int:
     from rich.table import Table
 
     from mmgpg.config import save_config
-    from mmgpg.policy import load_policy
+    from mmgpg.policy import load_policy_for
     from mmgpg.task import build_task, task_rewards
     from mmgpg.utils import make_run_dir, resolve_device, seed_everything
 
@@ -149,9 +149,7 @@ def cmd_sample(args) -> int:
 
     t0 = time.perf_counter()
     with console.status(f"loading {cfg.model.name_or_path} ..."):
-        policy = load_policy(cfg.model.name_or_path, dtype=cfg.model.dtype, min_pixels=cfg.model.min_pixels,
-                             max_pixels=cfg.model.max_pixels, attn_implementation=cfg.model.attn_implementation,
-                             device=resolve_device(cfg.device), max_prompt_length=cfg.model.max_prompt_length)
+        policy = load_policy_for(cfg.model, resolve_device(cfg.device))
         task = build_task(cfg.task.name, cfg.task.options)
     timings["load"] = time.perf_counter() - t0
     examples = task.load(args.split)[: args.prompts]
@@ -232,15 +230,12 @@ def cmd_sft(args) -> int:
 def cmd_eval(args) -> int:
     from mmgpg.config import resolve
     from mmgpg.evaluate import evaluate, write_evaluation
-    from mmgpg.policy import load_policy
+    from mmgpg.policy import load_policy_for
     from mmgpg.task import build_task, first_items
     from mmgpg.utils import make_run_dir, resolve_device
 
     cfg = resolve([f"task={args.task}", *args.overrides], config_dirs=args.config_dir).config
-    m = cfg.model
-    policy = load_policy(args.ckpt, dtype=m.dtype, min_pixels=m.min_pixels, max_pixels=m.max_pixels,
-                         attn_implementation=m.attn_implementation, device=resolve_device(cfg.device),
-                         max_prompt_length=m.max_prompt_length)
+    policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=args.ckpt)
     task = build_task(cfg.task.name, cfg.task.options)
     metrics, records = evaluate(policy, task, first_items(task.load(args.split), args.limit), batch_size=args.batch_size,
                                 max_new_tokens=args.max_new_tokens)

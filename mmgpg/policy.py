@@ -407,20 +407,19 @@ class Policy:
 
     # ---- scoring --------------------------------------------------------------------------------------------------
 
-    def _image_encoder_outputs(self, batch: PromptBatch, group_size: int) -> dict[str, Any]:
-        """Vision features of every image once, then shared by the ``group_size`` copies of its prompt."""
+    def _image_encoder_outputs(self, batch: PromptBatch, index: list[int]) -> dict[str, Any]:
+        """Vision features of every image once, then shared by the copies of its prompt (``index``:
+        :func:`group_image_index`)."""
         from transformers.modeling_outputs import BaseModelOutputWithPooling
 
         feats = self.model.model.get_image_features(batch.pixel_values, batch.image_grid_thw, return_dict=True)
         per_image = feats.pooler_output
-        index = group_image_index(batch.images_per_prompt, group_size)
         return {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(per_image[i] for i in index))}}
 
-    def _repeated_pixels(self, batch: PromptBatch, group_size: int) -> dict[str, Any]:
-        """Pixel rows of every image repeated per copy (the vision tower then runs ``group_size`` times per image)."""
+    def _repeated_pixels(self, batch: PromptBatch, index: list[int]) -> dict[str, Any]:
+        """Pixel rows of every image repeated per copy (the vision tower then runs once per copy of each image)."""
         rows = batch.image_grid_thw.prod(-1).tolist()
         blocks = torch.split(batch.pixel_values, rows)
-        index = group_image_index(batch.images_per_prompt, group_size)
         return {"pixel_values": torch.cat([blocks[i] for i in index])}
 
     def completion_logprobs(
@@ -455,7 +454,8 @@ class Policy:
         if batch.pixel_values is not None:
             index = group_image_index(batch.images_per_prompt, G)
             kwargs["image_grid_thw"] = batch.image_grid_thw[index]
-            kwargs.update(self._image_encoder_outputs(batch, G) if encode_images_once else self._repeated_pixels(batch, G))
+            kwargs.update(self._image_encoder_outputs(batch, index) if encode_images_once
+                          else self._repeated_pixels(batch, index))
         hidden = self.model.model(**kwargs, use_cache=False).last_hidden_state
         scored = hidden[:, prompt_len - 1 : -1][comp_mask]  # [K, H]: positions that predict completion tokens
         head = self.model.get_output_embeddings()
@@ -602,6 +602,17 @@ def load_policy(
     model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
     processor = AutoProcessor.from_pretrained(path)
     return Policy(model, processor, min_pixels=min_pixels, max_pixels=max_pixels, max_prompt_length=max_prompt_length)
+
+
+def load_policy_for(model_cfg, device: torch.device | str, *, source: str | None = None,
+                    dtype: str | None = None) -> Policy:
+    """:func:`load_policy` with the settings of a :class:`mmgpg.config.ModelConfig` (the one mapping of its fields).
+
+    ``source`` replaces ``model_cfg.name_or_path`` (a checkpoint to evaluate or resume) and ``dtype`` its dtype.
+    """
+    return load_policy(source or model_cfg.name_or_path, dtype=dtype or model_cfg.dtype, min_pixels=model_cfg.min_pixels,
+                       max_pixels=model_cfg.max_pixels, attn_implementation=model_cfg.attn_implementation,
+                       device=device, max_prompt_length=model_cfg.max_prompt_length)
 
 
 def num_visual_tokens(height: int, width: int, min_pixels: int, max_pixels: int, factor: int = 28) -> int:

@@ -18,7 +18,7 @@ import torch
 from mmgpg.config import Resolved, save_config
 from mmgpg.data import PromptStream
 from mmgpg.evaluate import evaluate
-from mmgpg.policy import Policy, Rollout, load_policy, pad_completions
+from mmgpg.policy import Policy, Rollout, load_policy_for, pad_completions
 from mmgpg.task import Example, build_task, first_items
 from mmgpg.utils import make_run_dir, resolve_device, seed_everything
 
@@ -48,10 +48,7 @@ class SFTTrainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(resolved, self.run_dir, "sft")
         seed_everything(cfg.seed)
-        m = cfg.model
-        self.policy = load_policy(m.name_or_path, dtype=m.dtype, min_pixels=m.min_pixels, max_pixels=m.max_pixels,
-                                  attn_implementation=m.attn_implementation, device=resolve_device(cfg.device),
-                                  max_prompt_length=m.max_prompt_length)
+        self.policy = load_policy_for(cfg.model, resolve_device(cfg.device))
         self.task = build_task(cfg.task.name, cfg.task.options)
         self.dataset = self.task.load(cfg.train.split)
         self.eval_examples = first_items(self.task.load(cfg.train.eval_split), cfg.train.eval_limit)

@@ -31,7 +31,7 @@ from mmgpg import algorithms, distributed
 from mmgpg.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 from mmgpg.config import Config, Resolved, save_config
 from mmgpg.data import PromptStream
-from mmgpg.policy import Policy, Rollout, load_policy, pad_completions
+from mmgpg.policy import Policy, Rollout, load_policy_for, pad_completions
 from mmgpg.task import Example, build_task, first_items, task_rewards
 from mmgpg.utils import resolve_device, seed_everything
 
@@ -154,10 +154,7 @@ class Trainer:
                                   "train.resume=true or choose another output_dir")
 
     def _load(self, source: str, dtype: str) -> Policy:
-        m = self.cfg.model
-        return load_policy(source, dtype=dtype, min_pixels=m.min_pixels, max_pixels=m.max_pixels,
-                           attn_implementation=m.attn_implementation, device=self.device,
-                           max_prompt_length=m.max_prompt_length)
+        return load_policy_for(self.cfg.model, self.device, source=source, dtype=dtype)
 
     def _resume(self, checkpoint: Path) -> None:
         state, rng = load_trainer_state(checkpoint)
