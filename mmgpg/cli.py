@@ -8,6 +8,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 OVERRIDES_HELP = (
     "config groups GROUP=NAME (e.g. task=shapes model=tiny) and field overrides a.b=c "
@@ -228,23 +229,81 @@ def cmd_sft(args) -> int:
 
 
 def cmd_eval(args) -> int:
+    import dataclasses
+
     from mmgpg.config import resolve
-    from mmgpg.evaluate import evaluate, write_evaluation
-    from mmgpg.policy import load_policy_for
+    from mmgpg.datasets import read_jsonl
+    from mmgpg.evaluate import evaluate, rescore, write_evaluation
+    from mmgpg.judges import check_protocol
     from mmgpg.task import build_task, first_items
     from mmgpg.utils import make_run_dir, resolve_device
 
+    if bool(args.ckpt) == bool(args.predictions):
+        raise ValueError("give exactly one of --ckpt (generate and judge) or --predictions (re-score a JSONL file)")
+    check_protocol(args.protocol)
     cfg = resolve([f"task={args.task}", *args.overrides], config_dirs=args.config_dir).config
-    policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=args.ckpt)
     task = build_task(cfg.task.name, cfg.task.options)
-    metrics, records = evaluate(policy, task, first_items(task.load(args.split), args.limit), batch_size=args.batch_size,
-                                max_new_tokens=args.max_new_tokens)
+    counts: dict[str, int] = {}
+    if args.predictions:
+        rows = read_jsonl(args.predictions)
+        metrics, records, skipped = rescore(task, rows, args.protocol)
+        counts.update(rows=len(rows), evaluated=len(rows) - skipped, skipped=skipped)
+        source = {"predictions": str(Path(args.predictions).resolve())}
+    else:
+        from mmgpg.policy import load_policy_for
+
+        policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=args.ckpt)
+        examples = first_items(task.load(args.split), args.limit)
+        metrics, records = evaluate(policy, task, examples, batch_size=args.batch_size,
+                                    max_new_tokens=args.max_new_tokens, protocol=args.protocol)
+        counts.update(evaluated=len(records), skipped=0, available=len(task.load(args.split)))
+        source = {"checkpoint": args.ckpt, "decoding": "greedy", "max_new_tokens": args.max_new_tokens}
+    counts["parse_failures"] = int(sum(r.get("parse_failure", 0) for r in records if "skipped" not in r))
     out = make_run_dir(args.output or "", "eval")
-    write_evaluation(out, metrics, records, {"task": task.name, "task_version": task.version, "split": args.split,
-                                             "checkpoint": args.ckpt, "decoding": "greedy"})
-    _console().print("  ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+    config = {"task": {"name": task.name, **(dataclasses.asdict(task) if dataclasses.is_dataclass(task) else {})},
+              "model": dataclasses.asdict(cfg.model)}
+    write_evaluation(out, metrics, records, {"task": task.name, "task_version": task.version, "protocol": args.protocol,
+                                             "split": args.split, "limit": args.limit, "counts": counts,
+                                             "config": config, **source})
+    _print_metrics(metrics, f"{task.name} ({args.split}, protocol={args.protocol}, {counts['evaluated']} items"
+                   + (f", {counts['skipped']} skipped" if counts.get("skipped") else "") + ")")
     print(f"wrote {out / 'predictions.jsonl'} and {out / 'metrics.json'}")
     return 0
+
+
+def _print_metrics(metrics: dict[str, float], title: str) -> None:
+    from rich.table import Table
+
+    print(title)
+    table = Table()
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics.items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) and not float(value).is_integer() else f"{value:g}")
+    _console().print(table)
+
+
+def cmd_check(args) -> int:
+    from mmgpg.config import resolve
+    from mmgpg.preflight import preflight
+
+    cfg = resolve(list(args.overrides), config_dirs=args.config_dir).config
+    findings = preflight(cfg, split=args.split, examples=args.examples)
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=None)
+    for column in ("check", "status", "detail"):
+        table.add_column(column)
+    colour = {"ok": "green", "warn": "yellow", "error": "red"}
+    for f in findings:
+        table.add_row(escape(f.check), f"[{colour[f.status]}]{f.status}[/]", escape(f.detail))
+    print(f"mmgpg check: task={cfg.task.name} model={cfg.model.name_or_path} split={args.split}")
+    _console().print(table)
+    errors = sum(f.status == "error" for f in findings)
+    warnings = sum(f.status == "warn" for f in findings)
+    print(f"{errors} error(s), {warnings} warning(s)")
+    return 1 if errors else 0
 
 
 def cmd_plot(args) -> int:
@@ -331,11 +390,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_sft)
 
-    p = sub.add_parser("eval", help="greedy evaluation of a checkpoint on a task split",
-                       description="Greedy-decode a task split with a checkpoint and score it with the task's rewards; "
-                       "writes predictions.jsonl and metrics.json.")
-    p.add_argument("--task", required=True, help="task name or path/to/file.py:ClassName")
-    p.add_argument("--ckpt", required=True, help="model directory, hub id, or tiny")
+    p = sub.add_parser("eval", help="judge a checkpoint (or existing outputs) on a task split",
+                       description="With --ckpt: greedy-decode a task split in batches and judge every output with "
+                       "the task's judge under --protocol. With --predictions FILE: re-judge existing outputs without "
+                       "a model (JSONL with id, model_output, ground_truth and the task's fields; see "
+                       "docs/evaluation.md). Writes OUTPUT/predictions.jsonl and OUTPUT/metrics.json and prints a table.")
+    p.add_argument("--task", required=True, help="task name or path/to/file.py:ClassName (options: task.KEY=VALUE)")
+    p.add_argument("--ckpt", help="model directory, hub id, or tiny")
+    p.add_argument("--predictions", help="JSONL of existing outputs to re-score (instead of --ckpt)")
+    p.add_argument("--protocol", default="paper", help="judge protocol: paper (the anchor's rule, quirks included; "
+                   "default) or strict (the quirks fixed)")
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, default=None, help="first N items only")
     p.add_argument("--batch-size", type=int, default=32)
@@ -343,6 +407,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="output directory (default runs/eval-<time>)")
     _add_config_args(p)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("check", help="pre-flight: data, image-token budgets and every reward/judge on probe answers",
+                       description="Load a few examples of the task, check each prompt's length (image tokens "
+                       "included) against model.max_prompt_length, and run every reward and the judge (both "
+                       "protocols) on an empty, a garbage and the gold answer. Exit status 1 when an error is found.")
+    p.add_argument("--split", default="train")
+    p.add_argument("--examples", type=int, default=4, help="examples to load and check")
+    _add_config_args(p)
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("plot", help="PNG plots of a run's metrics (reward, valid fraction, alpha, evaluation)",
                        description="Write PNG plots of RUN_DIR/metrics.jsonl to RUN_DIR/plots (or --out).")
@@ -402,7 +475,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, TaskNotFound, FileNotFoundError, FileExistsError) as err:
+    except (ConfigError, TaskNotFound, FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"mmgpg {args.command}: {err}", file=sys.stderr)
         return 2
 

@@ -283,19 +283,39 @@ class Policy:
                 conversation[m] = {**message, "content": parts}
         return conversation
 
+    def render_prompt(self, conversation: list[dict]) -> str:
+        """The prompt text of one conversation (chat template with a generation prompt, or a raw prompt)."""
+        if any(m.get("role") == "raw" for m in conversation):
+            if len(conversation) != 1 or not isinstance(conversation[0].get("content"), list):
+                raise ValueError("a raw prompt is exactly one {'role': 'raw', 'content': [parts]} message")
+            pieces = []
+            for part in conversation[0]["content"]:
+                if part.get("type") in ("image", "image_url") or "image" in part:
+                    pieces.append("<|vision_start|><|image_pad|><|vision_end|>")
+                elif part.get("type") == "text":
+                    pieces.append(str(part["text"]))
+                else:
+                    raise ValueError(f"raw prompt parts are images or text; got {part!r}")
+            return "".join(pieces)
+        return self.processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+
     def encode_prompts(self, conversations: Sequence[list[dict]]) -> PromptBatch:
         """Turn chat conversations into one left-padded batch.
 
         Each conversation is a list of ``{"role", "content"}`` messages; image parts are
         ``{"type": "image", "image": PIL.Image | path | "file://..." | URL | "data:image/...;base64,..."}`` and may set
         their own ``min_pixels``/``max_pixels`` (the policy's bounds are the default). A generation prompt is appended.
+
+        A conversation of one ``{"role": "raw", "content": [...]}`` message bypasses the chat template: its parts are
+        concatenated in order, each image as ``<|vision_start|><|image_pad|><|vision_end|>`` (a base model's text
+        prompt, e.g. the R1-Zero prompt of the CV-Bench recipe).
         """
         from qwen_vl_utils import extract_vision_info, process_vision_info
 
         if not conversations:
             raise ValueError("encode_prompts needs at least one conversation")
         conversations = [self._with_pixel_bounds(c) for c in conversations]
-        texts = [self.processor.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
+        texts = [self.render_prompt(c) for c in conversations]
         images_per_prompt = [len(extract_vision_info([c])) for c in conversations]
         images = None
         if sum(images_per_prompt):

@@ -1,36 +1,123 @@
-"""Reward building blocks shared by training rewards and evaluation judges.
+"""Reward and judge building blocks shared by training rewards and evaluation judges.
 
-Every function here is pure and total: any model text gives a float (or ``None`` from an extractor), never an
-exception, in time linear in the text, and nothing is ever ``eval``-ed.
+Every function here is total: any model text gives a value (a float, a string, ``None`` from an extractor), never an
+exception; it runs in time linear in the text (the regular expressions of the anchors that can backtrack
+quadratically are re-implemented as linear scans with the same result, and property tests compare both); and nothing
+is ever ``eval``-ed. Math equivalence goes through math-verify in a worker process (:mod:`mmgpg.mathjudge`).
+
+Two families of rules live here, named after the protocols of the task judges:
+
+* ``paper`` — exactly what the GPG authors' code does, quirks included (each function says which quirk);
+* ``strict`` — the same question answered without the quirks; the training rewards default to it, because the
+  quirks are reward hacks (an empty ``<answer></answer>`` is "correct" for the anchors' classification reward).
+
+Sources are ``shared/research/anchors-tasks.md`` section numbers (§), which cite the anchor files and lines.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Sequence
 
-# The GPG authors' format rule (all three multimodal forks): re.fullmatch with DOTALL.
+# ---- the output format (§1.2) ------------------------------------------------------------------------------------
+
 FORMAT_PATTERN = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_INT = re.compile(r"[+-]?\d+")
+"""The anchors' format rule; :func:`format_reward` computes ``FORMAT_PATTERN.fullmatch`` without backtracking."""
+
+_THINK_TO_ANSWER = re.compile(r"</think>\s*<answer>")
+_WS = " \t\n\r\f\v"
 
 
-def format_reward(completion: str) -> float:
-    """1.0 if the whole completion is ``<think>…</think> <answer>…</answer>`` (``re.fullmatch``, DOTALL), else 0.0."""
-    return 1.0 if FORMAT_PATTERN.fullmatch(completion.strip()) else 0.0
+def _text(value) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
+def format_reward(completion: str, *, prefix: str = "") -> float:
+    """``paper``: 1.0 iff ``re.fullmatch(r"<think>.*?</think>\\s*<answer>.*?</answer>", prefix + completion, re.DOTALL)``.
+
+    The whole text must start with ``<think>`` and end with ``</answer>`` (no whitespace outside); extra tags inside
+    are allowed (``<think>a</think><answer>b</answer><answer>c</answer>`` matches). ``prefix="<think>"`` is the
+    VisualThinker base-model rule, whose prompt already ends with ``<think>``. Linear time: the full match exists iff
+    the text starts with ``<think>``, ends with ``</answer>``, and the first ``</think>\\s*<answer>`` after the
+    opening tag ends before the closing tag begins.
+    """
+    text = prefix + _text(completion)
+    if not (text.startswith("<think>") and text.endswith("</answer>")):
+        return 0.0
+    match = _THINK_TO_ANSWER.search(text, 7)
+    return 1.0 if match is not None and match.end() <= len(text) - 9 else 0.0
+
+
+def strict_format_reward(completion: str, *, prefix: str = "") -> float:
+    """``strict``: one ``<think>…</think>`` then one non-empty ``<answer>…</answer>``, nothing else around them but
+    whitespace, and no tag repeated (``<answer>a</answer><answer>b</answer>`` and ``<answer> </answer>`` score 0)."""
+    text = (prefix + _text(completion)).strip(_WS)
+    for tag in ("<think>", "</think>", "<answer>", "</answer>"):
+        if text.count(tag) != 1:
+            return 0.0
+    if not (text.startswith("<think>") and text.endswith("</answer>")):
+        return 0.0
+    close_think, open_answer = text.index("</think>"), text.index("<answer>")
+    if not close_think < open_answer or text[close_think + 8 : open_answer].strip(_WS):
+        return 0.0
+    return 1.0 if text[open_answer + 8 : -9].strip(_WS) else 0.0
+
+
+# ---- answer-tag extraction ---------------------------------------------------------------------------------------
+
+
+def answer_tag(text: str, *, dotall: bool = True, trim: bool = False) -> str | None:
+    """The group of the first match of ``<answer>(.*?)</answer>`` (``trim``: ``<answer>\\s*(.*?)\\s*</answer>``),
+    with or without ``re.DOTALL``, or ``None``; the result is not stripped (callers strip, as the anchors do).
+
+    Without DOTALL a tag pair that spans a newline is not a match (the anchors' classification and CV-Bench rules);
+    ``trim`` lets whitespace — newlines included — sit next to the tags. Linear time (``re`` would rescan the rest of
+    the text once per ``<answer>`` when no close tag follows).
+    """
+    text = _text(text)
+    start = text.find("<answer>")
+    while start >= 0:
+        inner = start + 8
+        if trim:
+            while inner < len(text) and text[inner] in _WS:
+                inner += 1
+        close = text.find("</answer>", inner)
+        if close < 0:
+            return None
+        body = text[inner:close]
+        if trim:
+            body = body.rstrip(_WS)
+        if dotall or "\n" not in body:
+            return body
+        start = text.find("<answer>", start + 1)
+    return None
+
+
+def answer_or_whole(text: str, *, dotall: bool = True) -> str:
+    """``paper`` fallback: the stripped ``<answer>`` group, else the whole text stripped."""
+    found = answer_tag(text, dotall=dotall)
+    return (found if found is not None else _text(text)).strip()
 
 
 def extract_answer(completion: str) -> str | None:
-    """The stripped text inside the first ``<answer>…</answer>``, or ``None`` when there is none."""
-    match = _ANSWER.search(completion)
-    return match.group(1).strip() if match else None
+    """The stripped text inside the first ``<answer>…</answer>`` (DOTALL), or ``None`` when there is none."""
+    found = answer_tag(completion, dotall=True)
+    return found.strip() if found is not None else None
+
+
+# ---- numbers ------------------------------------------------------------------------------------------------------
+
+_INT = re.compile(r"[+-]?\d+")
 
 
 def parse_int(text: str | None) -> int | None:
-    """The answer as an integer if it is exactly one integer (``" 3 "`` → 3); ``"3 or 4"``, ``""`` → ``None``."""
+    """The answer as an integer if it is exactly one integer (``" 3 "`` → 3); ``"3 or 4"``, ``""`` → ``None``.
+    At most 18 digits (a longer run of digits is not an answer to any task here)."""
     if text is None:
         return None
     found = _INT.findall(text)
-    if len(found) != 1 or _INT.sub("", text).strip(" .") != "":
+    if len(found) != 1 or _INT.sub("", text).strip(" .") != "" or len(found[0].lstrip("+-")) > 18:
         return None
     return int(found[0])
 
@@ -39,3 +126,188 @@ def integer_accuracy(completion: str, gold: int) -> float:
     """1.0 iff the ``<answer>`` holds exactly the integer ``gold`` (an empty or multi-number answer scores 0.0)."""
     value = parse_int(extract_answer(completion))
     return 1.0 if value is not None and value == gold else 0.0
+
+
+# ---- multiple choice (§2.3, §2.4) ---------------------------------------------------------------------------------
+
+LETTERS = "ABCDEF"
+_RAVEN_LETTER = re.compile(r"(^|\s|\[|\()([A-H])(\s|\]|\)|$)")
+
+
+def sat_string_reward(completion: str, gold_answer: str) -> float:
+    """``paper`` string branch of the SAT/CV-Bench training reward (§2.3 step 2): the stripped ``<answer>`` group
+    (no DOTALL; else the whole completion) equals ``gold_answer`` exactly (case-sensitive), or the *last* match of
+    ``(^|\\s|\\[|\\()([A-H])(\\s|\\]|\\)|$)`` in it equals ``gold_answer`` (the "RAVEN" rule; matches consume their
+    trailing delimiter, so in ``"A B"`` only ``A`` is found)."""
+    student = answer_or_whole(completion, dotall=False)
+    if student == gold_answer:
+        return 1.0
+    found = _RAVEN_LETTER.findall(student)
+    return 1.0 if found and found[-1][1] == gold_answer else 0.0
+
+
+def option_letter(answer: str) -> str:
+    """``"(B)"`` → ``"B"``; anything else unchanged (CV-Bench stores answers as ``"(A)"``…``"(F)"``)."""
+    answer = _text(answer).strip()
+    return answer[1] if len(answer) == 3 and answer[0] == "(" and answer[2] == ")" else answer
+
+
+_CHOICE_LEAD = re.compile(r"^\(?([A-Fa-f])\)?(?:[.:)]|\s|$)")
+
+
+def _norm_text(text: str) -> str:
+    return " ".join(re.sub(r"[^0-9a-z]+", " ", _text(text).lower()).split())
+
+
+def strict_choice(answer: str | None, choices: Sequence[str], letter: str) -> tuple[bool, str]:
+    """``strict`` multiple choice: the answer names exactly one option — by its letter (``B``, ``(b)``, ``B.``,
+    ``B) text``) or by its whole text (case, punctuation and spacing ignored) — and it is the right one. An empty
+    answer, or one that names several options, is wrong. Returns ``(correct, the option letter read or "")``."""
+    if answer is None:
+        return False, ""
+    answer = answer.strip()
+    named: set[str] = set()
+    lead = _CHOICE_LEAD.match(answer)
+    if lead and lead.group(1).upper() in LETTERS[: len(choices)]:
+        named.add(lead.group(1).upper())
+        rest = _norm_text(answer[lead.end() :])
+        if rest and rest != _norm_text(choices[LETTERS.index(lead.group(1).upper())]):
+            return False, ""  # "B. left" when B is "right": contradictory
+    norm = _norm_text(answer)
+    for i, option in enumerate(choices):
+        if norm and norm == _norm_text(option):
+            named.add(LETTERS[i])
+    if len(named) != 1:
+        return False, ""
+    (read,) = named
+    return read == option_letter(letter), read
+
+
+# ---- labels (§4.3, §4.4) ------------------------------------------------------------------------------------------
+
+
+def paper_label_norm(text: str) -> str:
+    """The anchors' label normalisation: remove spaces and underscores, lower-case."""
+    return _text(text).replace(" ", "").replace("_", "").lower()
+
+
+def paper_label_match(answer: str, label: str) -> float:
+    """``paper``: 1.0 iff ``label in answer or answer in label`` after :func:`paper_label_norm` — so an empty answer,
+    and any answer that is a substring of the label ("rose" for "pink primrose"), is correct."""
+    a, g = paper_label_norm(answer), paper_label_norm(label)
+    return 1.0 if g in a or a in g else 0.0
+
+
+def label_key(text: str) -> str:
+    """``strict`` label key: lower case, every run of non-alphanumerics is one space (``"Pink_Primrose"`` →
+    ``"pink primrose"``)."""
+    return _norm_text(text)
+
+
+def strict_label_match(answer: str | None, label: str) -> float:
+    """``strict``: 1.0 iff the answer is the label itself (:func:`label_key` equal); empty answers and answers that
+    list several classes score 0."""
+    if answer is None:
+        return 0.0
+    key = label_key(answer)
+    return 1.0 if key and key == label_key(label) else 0.0
+
+
+# ---- boxes (§5.3, §5.4) -------------------------------------------------------------------------------------------
+
+Box = tuple[float, float, float, float]
+_PAPER_BOX = re.compile(r"\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*,\s*\(\s*(\d+)\s*,\s*(\d+)\s*\)")
+_NUM = r"\s*(-?\d{1,9}(?:\.\d{1,9})?)\s*"
+_PAIR_BOX = re.compile(r"\(" + _NUM + "," + _NUM + r"\)\s*,\s*\(" + _NUM + "," + _NUM + r"\)")
+_LIST_BOX = re.compile(r"\[" + _NUM + "," + _NUM + "," + _NUM + "," + _NUM + r"\]")
+_MAX_DIGITS = 9
+
+
+def paper_boxes(text: str) -> list[tuple[int, int, int, int]]:
+    """Every ``(x1,y1),(x2,y2)`` of non-negative integers in the text (the anchors' regex, in order). A number with
+    more than 9 digits makes that box unusable (the anchors would raise converting it); it is dropped."""
+    out = []
+    for groups in _PAPER_BOX.findall(_text(text)):
+        if all(len(g) <= _MAX_DIGITS for g in groups):
+            out.append(tuple(int(g) for g in groups))
+    return out
+
+
+def strict_boxes(text: str) -> list[Box]:
+    """Every box written as ``(x1,y1),(x2,y2)`` or ``[x1,y1,x2,y2]`` (integers or decimals), in order of position."""
+    text = _text(text)
+    found = [(m.start(), m.groups()) for m in _PAIR_BOX.finditer(text)] + [(m.start(), m.groups()) for m in _LIST_BOX.finditer(text)]
+    return [tuple(float(g) for g in groups) for _, groups in sorted(found)]
+
+
+def valid_box(box: Sequence[float] | None) -> bool:
+    """Four finite numbers with ``x1 < x2`` and ``y1 < y2``."""
+    return box is not None and len(box) == 4 and all(math.isfinite(v) for v in box) and box[0] < box[2] and box[1] < box[3]
+
+
+def box_area(box: Sequence[float]) -> float:
+    return max(0.0, box[2] - box[0]) * max(0.0, box[3] - box[1])
+
+
+def box_iou(a: Sequence[float], b: Sequence[float], eps: float = 0.0) -> float:
+    """``I / (A + B − I + eps)`` with the intersection clamped at 0; 0.0 when the denominator is not positive.
+    The LISA evaluation uses ``eps = 1e-6`` (§5.4)."""
+    inter = box_area((max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])))
+    union = box_area(a) + box_area(b) - inter + eps
+    return inter / union if union > 0 else 0.0
+
+
+def box_giou(a: Sequence[float], b: Sequence[float]) -> float:
+    """Generalised IoU ``IoU − (C − U) / C`` (C = area of the smallest enclosing box, U = union), in [−1, 1];
+    ``IoU`` when ``C <= 0`` — the anchors' ``compute_giou`` (§5.3), which does not reject inverted boxes."""
+    inter = box_area((max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])))
+    union = box_area(a) + box_area(b) - inter
+    iou = inter / union if union > 0 else 0.0
+    enclose = box_area((min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3])))
+    return iou - (enclose - union) / enclose if enclose > 0 else iou
+
+
+def paper_box_reward(completion: str, solution_answer: str) -> float:
+    """``paper`` LISA accuracy reward (§5.3): ``GIoU + 1`` ∈ [0, 2] between the answer's box and the gold box, both
+    in 0–1000 units; 2.0 when the stripped answer (DOTALL tag, else the whole completion) equals the gold string
+    exactly; 0.0 without a parseable box. With k ≥ 2 boxes the anchors' point list is "all top-left corners, then
+    all bottom-right corners" and they use its first two points, i.e. the box from the first box's top-left to the
+    second box's top-left — reproduced here."""
+    student = answer_or_whole(completion, dotall=True)
+    gold = _text(solution_answer).strip()
+    if student == gold:
+        return 2.0
+    pred, ref = paper_boxes(student), paper_boxes(gold)
+    if not pred or not ref:
+        return 0.0
+    points = [(b[0], b[1]) for b in pred] + [(b[2], b[3]) for b in pred]
+    p = (points[0][0] / 1000, points[0][1] / 1000, points[1][0] / 1000, points[1][1] / 1000)
+    g = tuple(v / 1000 for v in ref[0])
+    return box_giou(p, g) + 1.0
+
+
+def strict_box_reward(completion: str, gold_box: Sequence[float]) -> float:
+    """``strict``: ``GIoU + 1`` ∈ [0, 2] of the single box inside the ``<answer>`` tag (same units as ``gold_box``);
+    0.0 when the answer has no box, several boxes, or an empty/inverted one."""
+    answer = extract_answer(completion)
+    boxes = strict_boxes(answer) if answer is not None else []
+    if len(boxes) != 1 or not valid_box(boxes[0]):
+        return 0.0
+    return box_giou(boxes[0], gold_box) + 1.0
+
+
+def norm1000_to_pixels(box: Sequence[float], width: int, height: int) -> Box:
+    """Qwen2-VL grounding units (0–1000 of the image's width/height) → absolute pixels."""
+    return (box[0] * width / 1000, box[1] * height / 1000, box[2] * width / 1000, box[3] * height / 1000)
+
+
+def pixels_to_norm1000(box: Sequence[float], width: int, height: int) -> tuple[int, int, int, int]:
+    """Absolute pixels → Qwen2-VL 0–1000 units, truncated to int as the anchors' ``gen_sft.py`` does (§5.1)."""
+    return (int(box[0] / width * 1000), int(box[1] / height * 1000), int(box[2] / width * 1000), int(box[3] / height * 1000))
+
+
+def rescale_box(box: Sequence[float], src: tuple[int, int], dst: tuple[int, int]) -> Box:
+    """A pixel box in an image of size ``src=(w, h)`` → the same box in size ``dst`` (Qwen2.5-VL answers in pixels
+    of the *resized* image the model saw)."""
+    sx, sy = dst[0] / src[0], dst[1] / src[1]
+    return (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 ENTRY_POINT_GROUP = "mmgpg.tasks"
 
@@ -170,3 +170,87 @@ def task_rewards(task: Any, completion: str, example: Example) -> dict[str, floa
     scores = {name: float(fn(completion, example)) for name, fn in task.rewards.items()}
     scores["total"] = sum(scores.values())
     return scores
+
+
+class LazyExamples(Sequence[Example]):
+    """A split whose items are built on access (``make(index) -> Example``), so images load only when used."""
+
+    def __init__(self, n: int, make: Callable[[int], Example]):
+        self.n, self.make = n, make
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self.make(i) for i in range(*index.indices(self.n))]
+        if not -self.n <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        return self.make(index % self.n)
+
+
+def image_parts(example: Example) -> list[dict]:
+    """The example's images as chat content parts."""
+    return [{"type": "image", "image": im} for im in example.images]
+
+
+@dataclass
+class JudgedTask:
+    """Shared plumbing for tasks with anchor judges (every field is a task option).
+
+    A subclass sets ``name``, ``version``, ``splits`` and implements ``example(split, index)``,
+    ``accuracy_reward(completion, example, protocol)``, ``judge(completion, example, protocol)``,
+    ``example_from_record(record)`` and ``gold_completion(example)``. Its rewards are ``accuracy`` and ``format``
+    under ``reward_protocol``; ``mmgpg eval --protocol`` chooses the judge's protocol independently.
+    """
+
+    reward_protocol: str = "strict"
+    """Protocol of the training rewards: `strict` (hardened; rejects the anchors' reward hacks) or `paper`."""
+    format_reward: bool = True
+    """Include the format reward besides accuracy (the anchors sum both)."""
+
+    name: ClassVar[str] = ""
+    version: ClassVar[str] = "1"
+    protocols: ClassVar[tuple[str, ...]] = ("paper", "strict")
+    splits: ClassVar[tuple[str, ...]] = ("train", "test")
+    format_prefix: ClassVar[str] = ""
+
+    def __post_init__(self):
+        if self.reward_protocol not in self.protocols:
+            raise ValueError(f"reward_protocol must be one of {', '.join(self.protocols)}; got {self.reward_protocol!r}")
+        protocol = self.reward_protocol
+        self.rewards = {"accuracy": lambda completion, ex: self.accuracy_reward(completion, ex, protocol)}
+        if self.format_reward:
+            self.rewards["format"] = lambda completion, ex: self.format_score(completion, protocol)
+
+    def format_score(self, completion: str, protocol: str) -> float:
+        from mmgpg.rewards import format_reward, strict_format_reward
+
+        rule = format_reward if protocol == "paper" else strict_format_reward
+        return rule(completion, prefix=self.format_prefix)
+
+    def check_split(self, split: str) -> None:
+        if split not in self.splits:
+            raise ValueError(f"{self.name} has splits {', '.join(self.splits)}; got {split!r}")
+
+    def prompt(self, example: Example) -> list[dict]:
+        messages = []
+        system = example.meta.get("system")
+        if system:
+            messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
+        messages.append({"role": "user", "content": image_parts(example) + [{"type": "text", "text": example.question}]})
+        return messages
+
+    def aggregate(self, per_sample: list[dict[str, Any]]) -> dict[str, float]:
+        """``accuracy`` = mean of ``correct``; ``parse_failures`` = how many outputs had no readable answer."""
+        n = len(per_sample)
+        return {"accuracy": sum(r["correct"] for r in per_sample) / n if n else 0.0,
+                "parse_failures": float(sum(r.get("parse_failure", 0.0) for r in per_sample))}
+
+
+def require(record: dict, keys: Sequence[str], what: str) -> None:
+    """Raise a clear error when a record lacks a field its schema needs."""
+    missing = [k for k in keys if k not in record or record[k] is None]
+    if missing:
+        raise ValueError(f"{what}: record {record.get('id', '?')!r} lacks {', '.join(missing)}; "
+                         f"it has {', '.join(sorted(record)) or 'no fields'}")

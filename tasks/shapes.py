@@ -11,7 +11,7 @@ A record (``split="train"``, index 0, seed 0) looks like::
             answer=3, meta={"sizes": ..., "kinds": [...]})
 
 Rewards: ``accuracy`` (the ``<answer>`` is exactly the right integer) and ``format``
-(``<think>…</think><answer>…</answer>``, the GPG authors' rule). Items are a pure function of
+(``<think>…</think><answer>…</answer>``, the GPG authors' rule applied to the stripped completion). Items are a pure function of
 ``(seed, split, index)``, so every run, rank and resume sees the same data without files.
 """
 
@@ -98,7 +98,7 @@ class ShapesTask:
             raise ValueError(f"need 1 <= min_shapes <= max_shapes <= 8; got {self.min_shapes}, {self.max_shapes}")
         self.rewards = {"accuracy": lambda completion, ex: integer_accuracy(completion, ex.answer)}
         if self.format_reward:
-            self.rewards["format"] = lambda completion, ex: format_reward(completion)
+            self.rewards["format"] = lambda completion, ex: format_reward(completion.strip())
 
     def splits(self) -> dict[str, int]:
         return {"train": self.num_train, "test": self.num_test}

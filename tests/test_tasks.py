@@ -104,7 +104,8 @@ def test_shapes_prompt_and_gold_rewards():
 @pytest.mark.parametrize("text,fmt", [
     ("<think>a</think><answer>3</answer>", 1.0),
     ("<think>a\nb</think>\n\n<answer>3</answer>", 1.0),
-    ("  <think>a</think><answer>3</answer>\n", 1.0),
+    ("  <think>a</think><answer>3</answer>\n", 0.0),  # the paper rule: nothing outside the tags
+    ("<think>a</think><answer>b</answer><answer>c</answer>", 1.0),  # ... but extra tags inside pass
     ("<answer>3</answer>", 0.0),
     ("<think>a</think><answer>3</answer> trailing", 0.0),
     ("", 0.0),

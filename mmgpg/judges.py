@@ -1,0 +1,140 @@
+"""Judges: one decision per model output, under a named protocol, shared by the task plugins.
+
+``paper`` reproduces the anchor's evaluation script exactly, quirks included; ``strict`` answers the same question
+without the quirks. Each judge returns a dict with at least ``correct`` (1.0/0.0, or the task's score) and
+``extracted`` (the answer it read, ``""`` when none) and ``parse_failure`` (1.0 when no answer could be read).
+Section numbers (§) refer to ``shared/research/anchors-tasks.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from mmgpg import mathjudge
+from mmgpg.rewards import (
+    LETTERS,
+    answer_tag,
+    box_iou,
+    extract_answer,
+    option_letter,
+    paper_boxes,
+    paper_label_match,
+    strict_boxes,
+    strict_choice,
+    strict_label_match,
+    valid_box,
+)
+
+PROTOCOLS = ("paper", "strict")
+
+
+def check_protocol(protocol: str) -> str:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"unknown protocol {protocol!r}; choose one of {', '.join(PROTOCOLS)}")
+    return protocol
+
+
+def _result(correct: bool | float, extracted: str, failed: bool) -> dict:
+    return {"correct": float(correct), "extracted": extracted, "parse_failure": float(failed)}
+
+
+# ---- math answers (GEOQA, §3.4) ------------------------------------------------------------------------------------
+
+_UNITS = re.compile(r"(°|\^\s*\{?\\circ\}?|度|厘米|平方米|米|千米|cm²|cm\^2|cm|km|mm|m²|m\^2|\\text\{[^}]*\}|单位)")
+_SQRT_BRACED = re.compile(r"√\s*\{")
+_SQRT_PLAIN = re.compile(r"√\s*([0-9]+(?:\.[0-9]+)?|[a-zA-Z])")
+
+
+def geo_latex(answer: str) -> str:
+    """``strict`` GEOQA normal form: units and degree signs dropped, ``√{x}``/``√x`` → ``\\sqrt{x}``, ``π`` → ``\\pi``,
+    so that ``2√{15}米`` and ``9π`` keep their irrational part (math-verify's plain-text parse collapses them to 2 and
+    9, §3.4)."""
+    text = _UNITS.sub("", answer or "").strip().rstrip(".")
+    text = _SQRT_BRACED.sub(r"\\sqrt{", text)
+    text = _SQRT_PLAIN.sub(r"\\sqrt{\1}", text)
+    return text.replace("π", "\\pi ").replace("$", "").strip()
+
+
+def math_judge(output: str, ground_truth: str, protocol: str) -> dict:
+    """``paper``: ``verify(parse(output), parse(ground_truth))`` on the *whole* output — the value math-verify picks
+    may come from the reasoning, ``<answer>40</answer>`` extracts nothing (no space before the number), ``9π`` is 9,
+    and 17 of the 754 test answers can never be judged correct. ``strict``: the ``<answer>`` content only, both sides
+    put in :func:`geo_latex` form and compared as LaTeX."""
+    if check_protocol(protocol) == "paper":
+        correct, extracted = mathjudge.parse_verify(output, ground_truth)
+        return _result(correct, extracted, not extracted)
+    answer = extract_answer(output)
+    if not answer:
+        return _result(False, "", True)
+    correct, extracted = mathjudge.latex_equal(geo_latex(answer), geo_latex(ground_truth))
+    return _result(correct, extracted or answer, not extracted)
+
+
+# ---- multiple choice (CV-Bench, §2.4) -----------------------------------------------------------------------------
+
+
+def choice_judge(output: str, choices: Sequence[str], answer: str, protocol: str) -> dict:
+    """``paper``: the ``<answer>\\s*(.*?)\\s*</answer>`` group (no DOTALL; the whole output when missing or empty) is
+    parsed by math-verify with the letters A–F (four spellings) and the option texts as extraction strings, then
+    verified against the right letter and option text — so ``"Left"`` for option ``left`` extracts nothing and
+    ``"table lamp"`` for options lamp/table reads ``table``. ``strict``: :func:`mmgpg.rewards.strict_choice` on the
+    (DOTALL) answer tag. ``answer`` is the letter, with or without parentheses."""
+    letter = option_letter(answer)
+    if check_protocol(protocol) == "paper":
+        short = answer_tag(output, dotall=False, trim=True)
+        if not short:
+            short = output or ""
+        correct, extracted = mathjudge.choice(short, list(choices), letter)
+        return _result(correct, extracted, not extracted)
+    correct, read = strict_choice(extract_answer(output), list(choices), letter)
+    return _result(correct, read, not read)
+
+
+def letter_of(choices: Sequence[str], option: str) -> str:
+    """The letter of ``option`` in ``choices`` (``"A"``…)."""
+    return LETTERS[list(choices).index(option)]
+
+
+# ---- class labels (fine-grained classification, §4.4) ------------------------------------------------------------
+
+
+def label_judge(output: str, label: str, protocol: str) -> dict:
+    """``paper``: the ``<answer>(.*?)</answer>`` group (no DOTALL) must exist (else wrong, counted as a parse
+    failure), then the bidirectional substring test after removing spaces and ``_`` and lower-casing — an empty
+    answer is correct. ``strict``: the (DOTALL) answer must be the label itself."""
+    if check_protocol(protocol) == "paper":
+        answer = answer_tag(output, dotall=False)
+        if answer is None:
+            return _result(False, "", True)
+        return _result(paper_label_match(answer.strip(), label), answer.strip(), False)
+    answer = extract_answer(output)
+    return _result(strict_label_match(answer, label), answer or "", not answer)
+
+
+# ---- boxes (LISA, §5.4) -------------------------------------------------------------------------------------------
+
+
+def box_judge(output: str, gold: Sequence[float], protocol: str, *, scale: tuple[float, float]) -> dict:
+    """Box IoU ``I / (A + B − I + 1e-6)`` of the predicted box, divided by ``scale`` (the full width and height of the
+    model's box units: ``(1000, 1000)`` for Qwen2-VL, the resized image size for Qwen2.5-VL pixels), against ``gold``
+    (the true box as fractions of the image, in [0, 1]). ``paper``: the first ``(x1,y1),(x2,y2)`` of integers anywhere
+    in the output (a box in the reasoning wins), no validity check, 0 when none. ``strict``: the single valid box
+    (pairs or ``[x1,y1,x2,y2]``) inside the answer tag; several boxes, none, or an inverted one score 0.
+    ``correct`` is the IoU; ``box`` the box read, in model units."""
+    sx, sy = scale
+    if check_protocol(protocol) == "paper":
+        boxes = paper_boxes(output)
+        if not boxes:
+            return _result(0.0, "", True)
+        box = boxes[0]
+    else:
+        answer = extract_answer(output)
+        boxes = strict_boxes(answer) if answer is not None else []
+        if len(boxes) != 1 or not valid_box(boxes[0]):
+            return _result(0.0, "", True)
+        box = boxes[0]
+    pred = (box[0] / sx, box[1] / sy, box[2] / sx, box[3] / sy)
+    out = _result(box_iou(pred, tuple(gold), eps=1e-6), ",".join(f"{v:g}" for v in box), False)
+    out["box"] = list(box)
+    return out

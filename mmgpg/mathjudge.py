@@ -1,0 +1,223 @@
+"""math-verify in a worker process: callable from any thread, with a hard time bound.
+
+math-verify bounds its own work with ``signal.alarm``, which works only in a process's main thread. In any other
+thread (a reward computed in a thread pool, a DataLoader worker thread, a web server) math-verify 0.5.2 silently
+returns ``False`` and 0.9 raises (``shared/research/anchors-tasks.md`` §1.3). mmgpg therefore never calls math-verify
+in the caller's process. Every call goes to one long-lived worker process per caller process, where math-verify runs
+in the worker's main thread with its own alarms (5 s per parse or verify, as in the anchors), so the judgements are
+the anchors' judgements. The parent adds a hard outer bound: a call that has not answered after ``timeout`` seconds
+kills the worker, which restarts on the next call, and the call returns the job's "no answer" value (never correct).
+
+math-verify feeds regex-filtered arithmetic to sympy's ``parse_expr``, which uses Python ``eval`` internally. This
+runs only inside the worker and only on text that math-verify's own regexes allow (digits, operators, brackets).
+mmgpg itself never ``eval``s model text.
+
+Jobs (run in the worker; every result is plain Python data — booleans and strings):
+
+* ``parse_verify(pred, gold)`` — ``verify(parse(pred), parse(gold))`` with math-verify's default extraction, and
+  ``str`` of the first extracted prediction. The anchors' GEOQA judge and every anchor accuracy reward's first branch.
+* ``choice(response, choices, letter)`` — the CV-Bench judge: ``parse`` with LaTeX, expression and string extraction
+  (the letters A–F in four spellings and the option texts), then ``verify`` against the right letter and option text.
+* ``latex_equal(pred, gold)`` — both sides wrapped as ``$…$`` LaTeX, for the ``strict`` GEOQA protocol.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+DEFAULT_TIMEOUT_S = 20.0
+"""Outer bound for one call (math-verify's inner alarms are 5 s for ``parse`` and 5 s for ``verify``)."""
+
+START_TIMEOUT_S = 120.0
+"""How long a fresh worker may take to import math-verify and sympy (not counted against any call)."""
+
+_NO_ANSWER = {"parse_verify": (False, ""), "choice": (False, ""), "latex_equal": (False, "")}
+
+
+# ---- the worker side --------------------------------------------------------------------------------------------
+
+
+def _letters() -> tuple[str, ...]:
+    upper = tuple("ABCDEF")
+    return upper + tuple(c.lower() for c in upper) + tuple(f"({c.lower()})" for c in upper) + tuple(f"({c})" for c in upper)
+
+
+def _first_str(parsed: list) -> str:
+    return str(parsed[0]) if parsed else ""
+
+
+def _job_parse_verify(pred: str, gold: str) -> tuple[bool, str]:
+    from math_verify import parse, verify
+
+    target = parse(pred)
+    return (bool(target) and bool(verify(target, _gold_default(gold)))), _first_str(target)
+
+
+def _job_choice(response: str, choices: list[str], letter: str) -> tuple[bool, str]:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, StringExtractionConfig, parse, verify
+
+    strings = _letters() + tuple(choices)
+    parsed = parse(response, extraction_config=[LatexExtractionConfig(), ExprExtractionConfig(),
+                                                 StringExtractionConfig(strings=strings)])
+    index = "ABCDEF".find(letter) if len(letter) == 1 else -1
+    option = choices[index] if 0 <= index < len(choices) else ""
+    gold = [option.lower(), option, letter, letter.lower(), f"({letter.lower()})", f"({letter})"]
+    return bool(verify(gold=gold, target=parsed)), _first_str(parsed)
+
+
+def _job_latex_equal(pred: str, gold: str) -> tuple[bool, str]:
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    config = [LatexExtractionConfig()]
+    target = parse(f"${pred}$", extraction_config=config)
+    reference = parse(f"${gold}$", extraction_config=config)
+    return (bool(target) and bool(reference) and bool(verify(reference, target))), _first_str(target)
+
+
+_GOLD_CACHE: dict[str, Any] = {}
+
+
+def _gold_default(gold: str):
+    """Gold answers repeat G times per group: parse each once per worker."""
+    from math_verify import parse
+
+    if gold not in _GOLD_CACHE:
+        if len(_GOLD_CACHE) > 50_000:
+            _GOLD_CACHE.clear()
+        _GOLD_CACHE[gold] = parse(gold)
+    return _GOLD_CACHE[gold]
+
+
+_JOBS = {"parse_verify": _job_parse_verify, "choice": _job_choice, "latex_equal": _job_latex_equal}
+
+
+def _serve(read_fd: int, write_fd: int) -> None:
+    requests, replies = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    import math_verify  # noqa: F401 - imported before "ready", so start-up time never counts against a call
+
+    replies.send("ready")
+    while True:
+        try:
+            name, batch = requests.recv()
+        except EOFError:
+            return
+        out = []
+        for args in batch:
+            try:
+                out.append(_JOBS[name](*args))
+            except Exception:  # noqa: BLE001 - a judgement never raises; math-verify errors mean "no answer"
+                out.append(_NO_ANSWER[name])
+        replies.send(out)
+
+
+# ---- the caller side --------------------------------------------------------------------------------------------
+
+
+class MathWorker:
+    """One worker process; thread-safe; restarts after a timeout or a crash."""
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT_S):
+        self.timeout = timeout
+        self.timeouts = 0
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._send: Connection | None = None
+        self._recv: Connection | None = None
+
+    def _start(self) -> None:
+        to_child_r, to_child_w = os.pipe()
+        to_parent_r, to_parent_w = os.pipe()
+        code = f"from mmgpg.mathjudge import _serve; _serve({to_child_r}, {to_parent_w})"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        self._proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(to_child_r, to_parent_w), env=env,
+                                      stdin=subprocess.DEVNULL, close_fds=True)
+        os.close(to_child_r)
+        os.close(to_parent_w)
+        self._send, self._recv = Connection(to_child_w, readable=False), Connection(to_parent_r, writable=False)
+        if not self._recv.poll(START_TIMEOUT_S) or self._recv.recv() != "ready":
+            self._stop()
+            raise RuntimeError(f"the math-verify worker did not start within {START_TIMEOUT_S:.0f} s "
+                               f"({sys.executable} -c 'import math_verify' should work)")
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+        for conn in (self._send, self._recv):
+            if conn is not None:
+                conn.close()
+        self._proc = self._send = self._recv = None
+
+    def run(self, name: str, batch: list[tuple]) -> list[tuple[bool, str]]:
+        """Run job ``name`` on every argument tuple of ``batch``; a batch that times out gives "no answer" for the
+        items not yet done (the whole batch, since results come back together) and restarts the worker."""
+        if not batch:
+            return []
+        with self._lock:
+            for attempt in range(2):
+                if self._proc is None or self._proc.poll() is not None:
+                    self._stop()
+                    self._start()
+                try:
+                    self._send.send((name, batch))
+                    if self._recv.poll(self.timeout * len(batch)):
+                        return self._recv.recv()
+                    self.timeouts += 1
+                    self._stop()
+                    return [_NO_ANSWER[name]] * len(batch)
+                except (EOFError, BrokenPipeError, OSError):
+                    self._stop()  # the worker died (e.g. killed for memory): start a fresh one once
+                    if attempt:
+                        raise
+            raise RuntimeError("unreachable")
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def __del__(self):  # pragma: no cover - best effort at interpreter exit
+        try:
+            self._stop()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+_WORKER: MathWorker | None = None
+_WORKER_PID = -1
+
+
+def worker() -> MathWorker:
+    """This process's worker (a forked child gets its own)."""
+    global _WORKER, _WORKER_PID
+    if _WORKER is None or _WORKER_PID != os.getpid():
+        _WORKER, _WORKER_PID = MathWorker(), os.getpid()
+    return _WORKER
+
+
+def parse_verify(pred: str, gold: str) -> tuple[bool, str]:
+    """``(verify(parse(pred), parse(gold)) and parse(pred) != [], str(parse(pred)[0]))`` with math-verify defaults."""
+    return worker().run("parse_verify", [(_text(pred), _text(gold))])[0]
+
+
+def parse_verify_many(pairs: list[tuple[str, str]]) -> list[tuple[bool, str]]:
+    """:func:`parse_verify` for many pairs in one round trip."""
+    return worker().run("parse_verify", [(_text(p), _text(g)) for p, g in pairs])
+
+
+def choice(response: str, choices: list[str], letter: str) -> tuple[bool, str]:
+    """The CV-Bench anchor judge (see the module docstring)."""
+    return worker().run("choice", [(_text(response), [_text(c) for c in choices], _text(letter))])[0]
+
+
+def latex_equal(pred: str, gold: str) -> tuple[bool, str]:
+    """Both sides parsed as LaTeX (``$…$``) and compared by math-verify; an empty side is never equal."""
+    return worker().run("latex_equal", [(_text(pred), _text(gold))])[0]
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)

@@ -1,0 +1,101 @@
+"""``mmgpg check``: a pre-flight of a task with a model before any GPU time is spent.
+
+It loads a few examples, renders their prompts with the model's processor (the model itself is built on the meta
+device: no weights are read) and checks each prompt's length — image tokens included — against
+``model.max_prompt_length``; then it runs every training reward and the judge under both protocols on three probe
+answers: an empty answer, garbage, and the task's gold answer. Expected: the gold answer earns the top accuracy,
+the empty and garbage answers earn none; an empty answer that scores is reported (it is a reward hack).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PROBES = {"empty": "<think></think><answer></answer>", "garbage": "}{ lorem <answer ipsum 42 ((( \u00e9\u00e9 </think>"}
+
+
+@dataclass
+class Finding:
+    check: str
+    status: str  # ok | warn | error
+    detail: str
+
+
+def _processor_policy(cfg):
+    """A Policy whose model lives on the meta device (config and processor only; no weights loaded)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    from mmgpg.policy import Policy, resolve_model_path
+
+    path = resolve_model_path(cfg.model.name_or_path)
+    config = AutoConfig.from_pretrained(path)
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    processor = AutoProcessor.from_pretrained(path)
+    return Policy(model, processor, min_pixels=cfg.model.min_pixels, max_pixels=cfg.model.max_pixels,
+                  max_prompt_length=None)
+
+
+def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
+    from mmgpg.evaluate import judge_output
+    from mmgpg.task import build_task, first_items
+
+    findings: list[Finding] = []
+    try:
+        task = build_task(cfg.task.name, cfg.task.options)
+    except Exception as err:  # noqa: BLE001 - every problem is reported, not raised
+        return [Finding("task", "error", f"{type(err).__name__}: {err}")]
+    try:
+        items = first_items(task.load(split), examples)
+        if not items:
+            raise ValueError(f"split {split!r} is empty")
+        findings.append(Finding("data", "ok", f"{task.name}/{split}: {len(task.load(split))} items; loaded {len(items)}"))
+    except Exception as err:  # noqa: BLE001
+        findings.append(Finding("data", "error", f"{type(err).__name__}: {err}"))
+        return findings
+    try:
+        policy = _processor_policy(cfg)
+        limit = cfg.model.max_prompt_length
+        for ex in items:
+            batch = policy.encode_prompts([task.prompt(ex)])
+            length = int(batch.attention_mask.sum())
+            image_tokens = int(batch.mm_token_type_ids.sum())
+            over = limit is not None and length > limit
+            findings.append(Finding(f"prompt {ex.id}", "error" if over else "ok",
+                                    f"{length} tokens ({image_tokens} image tokens) vs max_prompt_length={limit}"
+                                    + (": too long — lower model.max_pixels or raise max_prompt_length" if over else "")))
+    except Exception as err:  # noqa: BLE001
+        findings.append(Finding("prompts", "error", f"{type(err).__name__}: {err}"))
+    gold_fn = getattr(task, "gold_completion", None)
+    probes = dict(PROBES)
+    for ex in items[:2]:
+        answers = dict(probes)
+        if callable(gold_fn):
+            answers["gold"] = gold_fn(ex)
+        else:
+            findings.append(Finding("gold", "warn", "the task has no gold_completion(example): SFT and this probe "
+                                                    "cannot use gold answers"))
+        protocols = getattr(task, "protocols", ("paper",)) if callable(getattr(task, "judge", None)) else ("paper",)
+        for label, text in answers.items():
+            for protocol in protocols:
+                try:
+                    record = judge_output(task, text, ex, protocol)
+                except Exception as err:  # noqa: BLE001
+                    findings.append(Finding(f"{label} answer, {ex.id}", "error", f"raised {type(err).__name__}: {err}"))
+                    continue
+                findings.append(_judge_finding(label, ex.id, protocol, record))
+    return findings
+
+
+def _judge_finding(label: str, ident: str, protocol: str, record: dict[str, Any]) -> Finding:
+    rewards = ", ".join(f"{k}={v:.3g}" for k, v in record["rewards"].items())
+    detail = f"[{protocol}] judge correct={record['correct']:.3g}; rewards: {rewards}"
+    accuracy = record["rewards"].get("accuracy", 0.0)
+    status = "ok"
+    if label == "gold" and record["correct"] <= 0:
+        status, detail = "error", detail + " — the gold answer is judged wrong"
+    elif label != "gold" and (record["correct"] > 0 or accuracy > 0):
+        status, detail = "warn", detail + f" — an {label} answer scores (a reward hack under this protocol)"
+    return Finding(f"{label} answer, {ident}", status, detail)

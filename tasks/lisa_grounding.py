@@ -1,0 +1,201 @@
+"""``lisa_grounding``: reasoning grounding on LISA's ReasonSeg — answer with the box of the object an instruction
+describes (the GPG paper's LISA row: mIoU on test and val, gIoU on test; Qwen2-VL-2B-Instruct).
+
+Data (``shared/research/anchors-tasks.md`` §5): ReasonSeg as LISA distributes it (``ReasonSeg/{train,val,test}/``,
+one ``.json`` + ``.jpg`` per image; 239 / 200 / 779 images). Set ``task.data_root=/path/to/ReasonSeg``. One JSON::
+
+    {"text": ["What part of the plant absorbs water?"], "is_sentence": true,
+     "shapes": [{"label": "target", "shape_type": "polygon", "points": [[103.0, 210.5], [160.2, 215.0], ...]}]}
+
+The gold box is the min/max of the points of the *first* shape only, whatever its label, in pixels
+(``GPG:Visual-RFT/lisa_evaluation/gen_box_ann.py``). Training uses one item per (image, sentence)
+(``gen_sft.py``); val and test use only the first sentence of each image (``Qwen2_VL_lisa_infere.py``).
+
+Boxes are written in the model family's convention, ``task.box_format``: ``qwen2_vl`` — integers 0–1000 of the
+original image's width and height (truncated, as ``gen_sft.py`` does); ``qwen2_5_vl`` — absolute pixels of the image
+as the model sees it after resizing to ``[min_pixels, max_pixels]`` (set them as in ``model``).
+
+Rewards (``GPG:Visual-RFT/src/virft/src/open_r1/grpo_lisa.py:74-168``): ``paper`` = GIoU + 1 of the answer's box
+with the multi-box quirk, 2.0 on an exact string match (:func:`mmgpg.rewards.paper_box_reward`); ``strict`` = GIoU + 1
+of a single valid box inside the answer tag. Judge (``Qwen2_VL_lisa_infere.py:116-136``, ``merge_eval.py``): box IoU
+of the first box anywhere in the output, failures 0; ``miou`` = mean IoU (:func:`mmgpg.judges.box_judge`).
+Mask gIoU (``box2mask.py``, ``mask_iou.py``): set ``task.sam_checkpoint`` to a SAM checkpoint directory
+(``facebook/sam-vit-huge``, the HF port of the reference's ViT-H); without one only box metrics are reported.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from mmgpg.datasets import DataNotFound, open_image
+from mmgpg.judges import box_judge
+from mmgpg.rewards import paper_box_reward, pixels_to_norm1000, strict_box_reward
+from mmgpg.task import Example, JudgedTask, LazyExamples, require
+
+TRAIN_TEMPLATE = ("{Question} Output the thinking process in <think> </think> and your grouding box. Following "
+                  "\"<think> thinking process </think>\n<answer>(x1,y1),(x2,y2)</answer>)\" format.")
+INSTRUCTION = "Output the bounding box in the image corresponding to the instruction: {sentence}"
+R1_SYSTEM = ("A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The "
+             "assistant first thinks about the reasoning process in the mind and then provides the user with the "
+             "answer. The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> "
+             "tags, respectively, i.e., <think> reasoning process here </think><answer> answer here </answer>")
+GET_DATA = ("Download ReasonSeg (LISA, github.com/dvlab-research/LISA: train/val/test folders of .json + .jpg), and "
+            "set task.data_root=/path/to/ReasonSeg.")
+
+
+def first_shape_box(record: dict) -> tuple[float, float, float, float]:
+    """min/max of the points of ``shapes[0]`` (the anchors' rule) in pixels."""
+    shapes = record.get("shapes") or []
+    if not shapes or not shapes[0].get("points"):
+        raise ValueError("the ReasonSeg record has no shapes[0].points")
+    xs = [float(p[0]) for p in shapes[0]["points"]]
+    ys = [float(p[1]) for p in shapes[0]["points"]]
+    return min(xs), min(ys), max(xs), max(ys)
+
+
+@dataclass
+class LisaGroundingTask(JudgedTask):
+    """LISA ReasonSeg reasoning grounding answered with a box."""
+
+    name: ClassVar[str] = "lisa_grounding"
+    version: ClassVar[str] = "1"
+    splits: ClassVar[tuple[str, ...]] = ("train", "val", "test")
+
+    data_root: str = ""
+    """ReasonSeg directory with train/, val/, test/ (one .json + .jpg per image)."""
+    box_format: str = "qwen2_vl"
+    """qwen2_vl: 0-1000 integers of the original image; qwen2_5_vl: pixels of the resized image."""
+    min_pixels: int = 3136
+    """Smallest image area the model sees (qwen2_5_vl box units depend on it)."""
+    max_pixels: int = 401408
+    """Largest image area the model sees (the anchors' 512*28*28)."""
+    sam_checkpoint: str = ""
+    """A SAM checkpoint directory for mask gIoU at evaluation (empty: box metrics only)."""
+
+    def __post_init__(self):
+        if self.box_format not in ("qwen2_vl", "qwen2_5_vl"):
+            raise ValueError(f"box_format must be qwen2_vl or qwen2_5_vl; got {self.box_format!r}")
+        super().__post_init__()
+        self._cache: dict[str, list[tuple[Path, int]]] = {}
+
+    def _items(self, split: str) -> list[tuple[Path, int]]:
+        self.check_split(split)
+        if split not in self._cache:
+            folder = Path(self.data_root).expanduser() / split
+            if not self.data_root or not folder.is_dir():
+                raise DataNotFound(f"LISA {split} data: {str(folder)!r} is not a directory. {GET_DATA}")
+            items = []
+            for path in sorted(folder.glob("*.json")):
+                if not path.with_suffix(".jpg").exists():
+                    continue
+                record = json.loads(path.read_text(encoding="utf-8"))
+                sentences = record.get("text") or []
+                if isinstance(sentences, str):
+                    sentences = [sentences]
+                if not sentences or not record.get("shapes"):
+                    continue
+                items += [(path, k) for k in (range(len(sentences)) if split == "train" else [0])]
+            self._cache[split] = items
+        return self._cache[split]
+
+    def load(self, split: str):
+        items = self._items(split)
+        return LazyExamples(len(items), lambda i: self.example(split, *items[i]))
+
+    def units(self, width: int, height: int) -> tuple[float, float]:
+        """Full width and height of the model's box units for an image of this size."""
+        if self.box_format == "qwen2_vl":
+            return 1000.0, 1000.0
+        from qwen_vl_utils import smart_resize
+
+        h, w = smart_resize(height, width, factor=28, min_pixels=self.min_pixels, max_pixels=self.max_pixels)
+        return float(w), float(h)
+
+    def example(self, split: str, path: Path, sentence_index: int) -> Example:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        sentences = record["text"] if isinstance(record["text"], list) else [record["text"]]
+        image = open_image(path.with_suffix(".jpg"), what="ReasonSeg image", how_to_get=GET_DATA)
+        width, height = image.size
+        box = first_shape_box(record)
+        sentence = sentences[sentence_index]
+        if split == "train":
+            question, system = TRAIN_TEMPLATE.format(Question=INSTRUCTION.format(sentence=sentence)), None
+        else:
+            question, system = INSTRUCTION.format(sentence=sentence) + "." + TRAIN_TEMPLATE.format(Question=""), R1_SYSTEM
+        return Example(id=f"{path.stem}-{sentence_index}", images=[image], question=question, answer=list(box),
+                       meta={"width": width, "height": height, "system": system, "record": record,
+                             "answer_text": self.answer_text(box, width, height)})
+
+    def answer_text(self, box, width: int, height: int) -> str:
+        """The gold box in the model's units as ``(x1,y1),(x2,y2)``."""
+        if self.box_format == "qwen2_vl":
+            x1, y1, x2, y2 = pixels_to_norm1000(box, width, height)
+        else:
+            uw, uh = self.units(width, height)
+            x1, y1, x2, y2 = (int(box[0] * uw / width), int(box[1] * uh / height), int(box[2] * uw / width),
+                              int(box[3] * uh / height))
+        return f"({x1},{y1}),({x2},{y2})"
+
+    def _gold_units(self, example: Example) -> tuple[float, float, float, float]:
+        w, h = example.meta["width"], example.meta["height"]
+        uw, uh = self.units(w, h)
+        b = example.answer
+        return b[0] * uw / w, b[1] * uh / h, b[2] * uw / w, b[3] * uh / h
+
+    def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
+        if protocol == "paper":
+            return paper_box_reward(completion, example.meta["answer_text"])
+        return strict_box_reward(completion, self._gold_units(example))
+
+    def judge(self, completion: str, example: Example, protocol: str) -> dict:
+        w, h = example.meta["width"], example.meta["height"]
+        b = example.answer
+        gold = (b[0] / w, b[1] / h, b[2] / w, b[3] / h)
+        out = box_judge(completion, gold, protocol, scale=self.units(w, h))
+        out["iou"] = out["correct"]
+        return out
+
+    def aggregate(self, per_sample: list[dict[str, Any]]) -> dict[str, float]:
+        """``miou`` = mean box IoU over every item (failures count 0), as ``merge_eval.py``."""
+        n = len(per_sample)
+        return {"miou": sum(r["correct"] for r in per_sample) / n if n else 0.0,
+                "parse_failures": float(sum(r.get("parse_failure", 0.0) for r in per_sample))}
+
+    def mask_metrics(self, records: list[dict], examples: list[Example], protocol: str) -> dict[str, float]:
+        """gIoU / cIoU of SAM masks prompted with the predicted boxes (empty dict without ``sam_checkpoint``)."""
+        if not self.sam_checkpoint:
+            return {}
+        from mmgpg.segmentation import SamMasker, evaluate_masks, gt_mask, ignore_mask
+
+        images, boxes, gts, ignores = [], [], [], []
+        for record, ex in zip(records, examples):
+            w, h = ex.meta["width"], ex.meta["height"]
+            uw, uh = self.units(w, h)
+            box = record.get("box")
+            boxes.append(None if box is None else (box[0] * w / uw, box[1] * h / uh, box[2] * w / uw, box[3] * h / uh))
+            images.append(ex.images[0])
+            gts.append(gt_mask(ex.meta["record"], (h, w), protocol))
+            ignores.append(ignore_mask(ex.meta["record"], (h, w), protocol))
+        metrics, per_sample = evaluate_masks(SamMasker(self.sam_checkpoint), images, boxes, gts, ignores)
+        for record, sample in zip(records, per_sample):
+            record["mask_iou"] = sample["iou"]
+        return {"giou": metrics["giou"], "ciou": metrics["ciou"]}
+
+    def example_from_record(self, record: dict) -> Example:
+        require(record, ("id", "ground_truth", "width", "height"), "LISA predictions")
+        box = [float(v) for v in record["ground_truth"]]
+        if len(box) != 4:
+            raise ValueError(f"LISA predictions: record {record['id']!r}: ground_truth must be [x1, y1, x2, y2] pixels")
+        w, h = int(record["width"]), int(record["height"])
+        return Example(id=str(record["id"]), images=[], question=str(record.get("question", "")), answer=box,
+                       meta={"width": w, "height": h, "answer_text": self.answer_text(box, w, h)})
+
+    def record_fields(self, example: Example) -> dict:
+        return {"question": example.question, "ground_truth": example.answer, "width": example.meta["width"],
+                "height": example.meta["height"]}
+
+    def gold_completion(self, example: Example) -> str:
+        return f"<think>The object is here.</think>\n<answer>{example.meta['answer_text']}</answer>"
