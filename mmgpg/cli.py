@@ -250,9 +250,14 @@ def cmd_eval(args) -> int:
         counts.update(rows=len(rows), evaluated=len(rows) - skipped, skipped=skipped)
         source = {"predictions": str(Path(args.predictions).resolve())}
     else:
+        from mmgpg.checkpoint import latest_checkpoint
         from mmgpg.policy import load_policy_for
 
-        policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=args.ckpt)
+        ckpt = args.ckpt
+        if Path(ckpt).is_dir() and latest_checkpoint(Path(ckpt)) is not None:  # a training run: its latest policy
+            ckpt = str(latest_checkpoint(Path(ckpt)) / "policy")
+            print(f"evaluating {ckpt}")
+        policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=ckpt)
         examples = first_items(task.load(args.split), args.limit)
         metrics, records = evaluate(policy, task, examples, batch_size=args.batch_size,
                                     max_new_tokens=args.max_new_tokens, protocol=args.protocol)
@@ -396,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "a model (JSONL with id, model_output, ground_truth and the task's fields; see "
                        "docs/evaluation.md). Writes OUTPUT/predictions.jsonl and OUTPUT/metrics.json and prints a table.")
     p.add_argument("--task", required=True, help="task name or path/to/file.py:ClassName (options: task.KEY=VALUE)")
-    p.add_argument("--ckpt", help="model directory, hub id, or tiny")
+    p.add_argument("--ckpt", help="model directory, hub id, tiny, or a training run directory (its latest checkpoint)")
     p.add_argument("--predictions", help="JSONL of existing outputs to re-score (instead of --ckpt)")
     p.add_argument("--protocol", default="paper", help="judge protocol: paper (the anchor's rule, quirks included; "
                    "default) or strict (the quirks fixed)")

@@ -98,7 +98,11 @@ _JOBS = {"parse_verify": _job_parse_verify, "choice": _job_choice, "latex_equal"
 
 def _serve(read_fd: int, write_fd: int) -> None:
     requests, replies = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+    import logging
+
     import math_verify  # noqa: F401 - imported before "ready", so start-up time never counts against a call
+
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs whole inputs on timeouts
 
     replies.send("ready")
     while True:

@@ -46,10 +46,11 @@ def test_sft_lowers_the_loss_and_the_result_evaluates(tmp_path):
           "--max-new-tokens", "24", "--output", str(ev))
     preds = [json.loads(x) for x in (ev / "predictions.jsonl").read_text().splitlines()]
     assert [p["id"] for p in preds] == [f"shapes-test-{i}" for i in range(5)]
-    assert all({"model_output", "answer", "scores"} <= p.keys() for p in preds)
+    assert all({"model_output", "ground_truth", "rewards", "correct", "extracted"} <= p.keys() for p in preds)
     meta = json.loads((ev / "metrics.json").read_text())
     assert meta["task"] == "shapes" and meta["metrics"]["num_samples"] == 5
-    assert meta["metrics"]["accuracy"] == pytest.approx(sum(p["scores"]["accuracy"] for p in preds) / 5)
+    assert meta["metrics"]["accuracy"] == pytest.approx(sum(p["rewards"]["accuracy"] for p in preds) / 5)
+    assert meta["protocol"] == "paper" and meta["counts"]["evaluated"] == 5
 
 
 def test_evaluation_is_greedy_and_deterministic(tiny_dirs):
