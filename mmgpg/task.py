@@ -229,6 +229,22 @@ class JudgedTask:
         rule = format_reward if protocol == "paper" else strict_format_reward
         return rule(completion, prefix=self.format_prefix)
 
+    def source_rows(self, split: str) -> Sequence[Any]:
+        """The raw records of a split (a subclass that uses the default :meth:`load` implements this)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither load() nor source_rows()")
+
+    def rows(self, split: str) -> Sequence[Any]:
+        """:meth:`source_rows`, read once per split and kept."""
+        self.check_split(split)
+        cache = self.__dict__.setdefault("_rows_cache", {})
+        if split not in cache:
+            cache[split] = self.source_rows(split)
+        return cache[split]
+
+    def load(self, split: str) -> Sequence[Example]:
+        rows = self.rows(split)
+        return LazyExamples(len(rows), lambda i: self.example(split, i, rows[i]))
+
     def check_split(self, split: str) -> None:
         if split not in self.splits:
             raise ValueError(f"{self.name} has splits {', '.join(self.splits)}; got {split!r}")

@@ -34,7 +34,7 @@ from mmgpg import mathjudge
 from mmgpg.datasets import load_records, open_image
 from mmgpg.judges import choice_judge
 from mmgpg.rewards import LETTERS, extract_answer, sat_string_reward, strict_choice, strict_label_match
-from mmgpg.task import Example, JudgedTask, LazyExamples, image_parts, require
+from mmgpg.task import Example, JudgedTask, image_parts, require
 
 R1_ZERO = ("A conversation between User and Assistant. The user asks a question about the image, and the Assistant "
            "solves it. The assistant first thinks about the reasoning process in the mind and then provides the user "
@@ -70,22 +70,12 @@ class CVBenchTask(JudgedTask):
             raise ValueError(f"prompt_style must be base or instruct; got {self.prompt_style!r}")
         self.format_prefix = "<think>" if self.prompt_style == "base" else ""
         super().__post_init__()
-        self._cache: dict[str, Any] = {}
 
-    def _rows(self, split: str):
-        self.check_split(split)
-        if split not in self._cache:
-            if split == "train":
-                self._cache[split] = load_records(self.train_data, split="train", what="SAT training data",
-                                                  how_to_get=GET_TRAIN)
-            else:
-                self._cache[split] = load_records(self.test_data, split="test", what="CV-Bench test data",
-                                                  how_to_get=GET_TEST, revision=self.test_revision or None)
-        return self._cache[split]
-
-    def load(self, split: str):
-        rows = self._rows(split)
-        return LazyExamples(len(rows), lambda i: self.example(split, i, rows[i]))
+    def source_rows(self, split: str):
+        if split == "train":
+            return load_records(self.train_data, split="train", what="SAT training data", how_to_get=GET_TRAIN)
+        return load_records(self.test_data, split="test", what="CV-Bench test data", how_to_get=GET_TEST,
+                            revision=self.test_revision or None)
 
     def example(self, split: str, index: int, row: dict) -> Example:
         if split == "train":

@@ -24,13 +24,13 @@ The test prompt keeps the evaluation script's literal ``<image>\\n`` before the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from mmgpg import mathjudge
 from mmgpg.datasets import load_records, open_image, shipped
 from mmgpg.judges import label_judge
 from mmgpg.rewards import answer_or_whole, extract_answer, paper_label_match, strict_label_match
-from mmgpg.task import Example, JudgedTask, LazyExamples, require
+from mmgpg.task import Example, JudgedTask, require
 
 DATASETS = {
     # name: (hub id of the 4-shot training set, subject, what to identify)
@@ -75,7 +75,6 @@ class FineGrainedTask(JudgedTask):
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {self.dataset!r}")
         super().__post_init__()
-        self._cache: dict[str, Any] = {}
 
     @property
     def hub_id(self) -> str:
@@ -89,22 +88,12 @@ class FineGrainedTask(JudgedTask):
         return (f"Download the {self.dataset} images (the CoOp layout: the test JSONL's image paths are relative to "
                 "the dataset root) and set task.image_root=/path/to/that/root.")
 
-    def _rows(self, split: str):
-        self.check_split(split)
-        if split not in self._cache:
-            if split == "train":
-                self._cache[split] = load_records(self.train_data or self.hub_id, split="train",
-                                                  what=f"{self.dataset} 4-shot training data",
-                                                  how_to_get=self._how_to_get("train"))
-            else:
-                source = self.test_data or str(shipped(f"fine_grained/{self.dataset}.test.jsonl"))
-                self._cache[split] = load_records(source, split="test", what=f"{self.dataset} test split",
-                                                  how_to_get=self._how_to_get("test"))
-        return self._cache[split]
-
-    def load(self, split: str):
-        rows = self._rows(split)
-        return LazyExamples(len(rows), lambda i: self.example(split, i, rows[i]))
+    def source_rows(self, split: str):
+        if split == "train":
+            return load_records(self.train_data or self.hub_id, split="train", what=f"{self.dataset} 4-shot training data",
+                                how_to_get=self._how_to_get("train"))
+        return load_records(self.test_data or str(shipped(f"fine_grained/{self.dataset}.test.jsonl")), split="test",
+                            what=f"{self.dataset} test split", how_to_get=self._how_to_get("test"))
 
     def example(self, split: str, index: int, row: dict) -> Example:
         if split == "train":

@@ -32,7 +32,7 @@ from mmgpg import mathjudge
 from mmgpg.datasets import load_records, open_image, shipped
 from mmgpg.judges import math_judge
 from mmgpg.rewards import answer_or_whole
-from mmgpg.task import Example, JudgedTask, LazyExamples, require
+from mmgpg.task import Example, JudgedTask, require
 
 SUFFIX = "Output the thinking process in <think> </think> and final answer (number) in <answer> </answer> tags."
 GET_TRAIN = ("Download it on a connected machine with `python -c \"import datasets; datasets.load_dataset("
@@ -56,25 +56,11 @@ class GeoQATask(JudgedTask):
     image_root: str = ""
     """Directory the test image_path values are relative to (where Geo170K/ was extracted)."""
 
-    def __post_init__(self):
-        super().__post_init__()
-        self._cache: dict[str, object] = {}
-
-    def _rows(self, split: str):
-        self.check_split(split)
-        if split not in self._cache:
-            if split == "train":
-                self._cache[split] = load_records(self.train_data, split="train", what="GEOQA training data",
-                                                  how_to_get=GET_TRAIN)
-            else:
-                source = self.test_data or str(shipped("geoqa/geoqa_test_prompts.jsonl"))
-                self._cache[split] = load_records(source, split="test", what="GEOQA test prompts",
-                                                  how_to_get="The 754 prompts ship with mmgpg; leave test_data empty.")
-        return self._cache[split]
-
-    def load(self, split: str):
-        rows = self._rows(split)
-        return LazyExamples(len(rows), lambda i: self.example(split, i, rows[i]))
+    def source_rows(self, split: str):
+        if split == "train":
+            return load_records(self.train_data, split="train", what="GEOQA training data", how_to_get=GET_TRAIN)
+        return load_records(self.test_data or str(shipped("geoqa/geoqa_test_prompts.jsonl")), split="test",
+                            what="GEOQA test prompts", how_to_get="The 754 prompts ship with mmgpg; leave test_data empty.")
 
     def example(self, split: str, index: int, row: dict) -> Example:
         if split == "train":
