@@ -37,6 +37,43 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     return {fam: build_and_save(root / fam, family=fam) for fam in ("qwen2_vl", "qwen2_5_vl")}
 
 
+@pytest.fixture(scope="session")
+def tiny_sam_dir(tmp_path_factory) -> Path:
+    """A random-weight SAM (64 px images, 4x4 image embedding) with a matching processor, saved offline."""
+    import torch
+    from transformers import SamConfig, SamImageProcessor, SamModel, SamProcessor
+
+    torch.manual_seed(0)
+    config = SamConfig(
+        vision_config=dict(
+            hidden_size=32,
+            output_channels=16,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=64,
+            patch_size=16,
+            window_size=2,
+            global_attn_indexes=[1],
+            num_pos_feats=8,  # 2 * num_pos_feats = output_channels
+            mlp_dim=64,
+        ),
+        prompt_encoder_config=dict(hidden_size=16, image_size=64, patch_size=16, mask_input_channels=4),
+        mask_decoder_config=dict(
+            hidden_size=16, mlp_dim=32, num_hidden_layers=2, num_attention_heads=2, iou_head_hidden_dim=16
+        ),
+    )
+    out = tmp_path_factory.mktemp("tiny_sam")
+    SamModel(config).save_pretrained(out)
+    image_processor = SamImageProcessor(
+        size={"longest_edge": 64},
+        pad_size={"height": 64, "width": 64},
+        mask_size={"longest_edge": 16},
+        mask_pad_size={"height": 16, "width": 16},
+    )
+    SamProcessor(image_processor=image_processor).save_pretrained(out)
+    return out
+
+
 def two_image_conversations():
     """Two prompts whose images have different sizes (112x112 -> 16 visual tokens, 56x112 -> 8)."""
     from PIL import Image, ImageDraw

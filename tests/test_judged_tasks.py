@@ -325,3 +325,29 @@ def test_a_task_file_outside_the_repo_trains_and_evaluates(tmp_path):
     records = [json.loads(line) for line in (ev / "predictions.jsonl").read_text().splitlines()]
     assert [r["ground_truth"] for r in records] == ["dark", "bright", "dark", "bright"]
     assert all({"id", "model_output", "extracted", "correct", "rewards"} <= r.keys() for r in records)
+
+
+def test_lisa_evaluation_with_a_sam_checkpoint_reports_mask_metrics(tmp_path, tiny_dirs, tiny_sam_dir):
+    from mmgpg.evaluate import evaluate
+    from mmgpg.policy import load_policy
+
+    _reasonseg(tmp_path, "test", "b", [[50, 25], [150, 25], [150, 75]], ["the object"])
+    _reasonseg(tmp_path, "test", "c", [[10, 10], [60, 10], [60, 40], [10, 40]], ["the other"], size=(90, 70))
+    policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", max_pixels=12544)
+    task = build_task("lisa_grounding", {"data_root": str(tmp_path), "sam_checkpoint": str(tiny_sam_dir)})
+    metrics, records = evaluate(policy, task, list(task.load("test")), max_new_tokens=6)
+    assert {"miou", "giou", "ciou", "parse_failures"} <= metrics.keys()
+    assert 0.0 <= metrics["giou"] <= 1.0 and all("mask_iou" in r for r in records)
+    assert metrics["giou"] == pytest.approx(sum(r["mask_iou"] for r in records) / 2)
+
+
+def test_check_cli(tmp_path, capsys):
+    assert main(["check", "task=scenes", "task.kind=grounding", "model=tiny", "--examples", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "gold answer" in out and "0 error(s)" in out
+    # classification under the paper protocol: the empty answer is "correct" — a warning, not an error
+    assert main(["check", "task=digits", "task.reward_protocol=paper", "model=tiny", "--examples", "1"]) == 0
+    assert "empty answer scores" in capsys.readouterr().out
+    # missing images: an error that says what to download; exit status 1
+    assert main(["check", "task=geoqa", "model=tiny", "--split", "test", "--examples", "1"]) == 1
+    assert "Luckyjhg/Geo170K" in capsys.readouterr().out
