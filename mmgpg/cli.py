@@ -325,7 +325,8 @@ def cmd_demo(args) -> int:
     settings = DemoSettings(output=args.output or "", seed=args.seed, sft_steps=args.sft_steps,
                             gpg_steps=args.gpg_steps, eval_limit=args.eval_limit, eval_every=args.eval_every,
                             prompts_per_step=args.prompts_per_step, algo=args.algo, threads=args.threads,
-                            sft_lr=args.sft_lr, gpg_lr=args.lr, overrides=tuple(args.set))
+                            sft_lr=args.sft_lr, gpg_lr=args.lr, lr_scheduler=args.lr_scheduler,
+                            overrides=tuple(args.set))
     if args.quick:
         settings.sft_steps, settings.gpg_steps, settings.eval_limit, settings.eval_every = 4, 2, 8, 1
         settings.eval_samples = 2
@@ -384,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--sft-lr", type=float, default=d.sft_lr)
     p.add_argument("--lr", type=float, default=d.gpg_lr, help="RL learning rate")
+    p.add_argument("--lr-scheduler", choices=["constant", "linear", "cosine"], default=d.lr_scheduler,
+                   help="RL learning-rate schedule")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for SFT and RL, e.g. --set task.format_reward=false (repeatable)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke version (tiny budgets)")

@@ -19,14 +19,16 @@ class DemoSettings:
     output: str = ""
     """Run directory (default runs/demo-<time>)."""
     seed: int = 0
-    sft_steps: int = 120
+    sft_steps: int = 200
     sft_lr: float = 1e-3
-    gpg_steps: int = 250
-    gpg_lr: float = 1e-4
+    gpg_steps: int = 400
+    gpg_lr: float = 2e-4
+    lr_scheduler: str = "linear"
+    """RL learning-rate schedule (linear decay to 0, as the anchors' TRL runs; constant was less stable)."""
     prompts_per_step: int = 16
     group_size: int = 8
     eval_limit: int = 300
-    eval_every: int = 50
+    eval_every: int = 100
     eval_samples: int = 8
     algo: str = "gpg"
     max_resample_attempts: int = 20
@@ -60,11 +62,11 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     t_sft = time.perf_counter() - t0
 
     say(f"[bold]2/3 {s.algo.upper()}[/bold]: {s.gpg_steps} steps x {s.prompts_per_step} prompts x G={s.group_size}, "
-        f"lr {s.gpg_lr}, evaluation on {s.eval_limit} test images every {s.eval_every} steps")
+        f"lr {s.gpg_lr} ({s.lr_scheduler}), evaluation on {s.eval_limit} test images every {s.eval_every} steps")
     trainer = Trainer(resolve(common + [
         f"algo={s.algo}", f"model.name_or_path={final}", "model.dtype=float32", f"train.max_steps={s.gpg_steps}",
         f"train.prompts_per_step={s.prompts_per_step}", f"train.micro_batch_prompts={s.prompts_per_step}",
-        f"rollout.group_size={s.group_size}", f"train.learning_rate={s.gpg_lr}", f"train.eval_every={s.eval_every}", f"train.eval_samples={s.eval_samples}",
+        f"rollout.group_size={s.group_size}", f"train.learning_rate={s.gpg_lr}", f"train.lr_scheduler={s.lr_scheduler}", f"train.eval_every={s.eval_every}", f"train.eval_samples={s.eval_samples}",
         f"algo.max_resample_attempts={s.max_resample_attempts}", "train.tensorboard=false",
         f"output_dir={out / 'gpg'}"]))
     trainer.train()

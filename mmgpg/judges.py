@@ -41,19 +41,26 @@ def _result(correct: bool | float, extracted: str, failed: bool) -> dict:
 
 # ---- math answers (GEOQA, §3.4) ------------------------------------------------------------------------------------
 
-_UNITS = re.compile(r"(°|\^\s*\{?\\circ\}?|度|厘米|平方米|米|千米|cm²|cm\^2|cm|km|mm|m²|m\^2|\\text\{[^}]*\}|单位)")
+_DEGREES = re.compile(r"°|\^\s*\{?\s*\\circ\s*\}?|度")
+_TRAILING_UNIT = re.compile(
+    r"\s*(?:\\text\{[^}]*\}|\\mathrm\{[^}]*\}|平方|立方)?\s*(?:平方米|平方厘米|厘米|千米|毫米|米|cm|dm|km|mm|m|单位|个)?"
+    r"\s*(?:\^\s*\{?\s*[23]\s*\}?|²|³)?\s*\.?\s*$")
 _SQRT_BRACED = re.compile(r"√\s*\{")
 _SQRT_PLAIN = re.compile(r"√\s*([0-9]+(?:\.[0-9]+)?|[a-zA-Z])")
+_SPELLED_PI = re.compile(r"(?<![a-zA-Z\\])pi(?![a-zA-Z])")
 
 
 def geo_latex(answer: str) -> str:
-    """``strict`` GEOQA normal form: units and degree signs dropped, ``√{x}``/``√x`` → ``\\sqrt{x}``, ``π`` → ``\\pi``,
-    so that ``2√{15}米`` and ``9π`` keep their irrational part (math-verify's plain-text parse collapses them to 2 and
-    9, §3.4)."""
-    text = _UNITS.sub("", answer or "").strip().rstrip(".")
+    """``strict`` GEOQA normal form: degree signs and a trailing unit (``cm``, ``cm^{2}``, ``米``, …) dropped,
+    ``√{x}``/``√x`` → ``\\sqrt{x}``, ``π``/``pi`` → ``\\pi``, so that ``2√{15}米`` and ``9π`` keep their irrational part
+    (math-verify's plain-text parse collapses them to 2 and 9, §3.4)."""
+    text = _DEGREES.sub("", answer or "").replace("$", "").strip()
+    head, tail = text[:-48], text[-48:]  # a unit is short: matching only the tail keeps the regex's time bounded
+    text = head + _TRAILING_UNIT.sub("", tail, count=1)
     text = _SQRT_BRACED.sub(r"\\sqrt{", text)
     text = _SQRT_PLAIN.sub(r"\\sqrt{\1}", text)
-    return text.replace("π", "\\pi ").replace("$", "").strip()
+    text = _SPELLED_PI.sub(r"\\pi ", text.replace("π", "\\pi "))
+    return text.strip()
 
 
 def math_judge(output: str, ground_truth: str, protocol: str) -> dict:

@@ -9,11 +9,14 @@ Data (``shared/research/anchors-tasks.md`` §2):
   ``task.train_data`` at that file (the hub source ``array/SAT`` is a parquet that the anchors' script converts).
 * ``test`` — the hub dataset ``nyu-visionx/CV-Bench`` at revision ``22409a9`` (2,638 rows: ``prompt``, ``image``,
   ``answer`` ``"(A)"``…, ``choices``, ``task`` ∈ Count/Relation/Depth/Distance, ``question``), or a local copy saved
-  with ``save_to_disk`` / a JSONL with those fields. One record::
+  with ``save_to_disk`` / a JSONL with those fields. Its first row::
 
       {"idx": 0, "type": "2D", "task": "Count", "question": "How many organs are in the image?",
        "choices": ["3", "2", "1", "0"], "answer": "(C)", "prompt": "How many organs are in the image? Select from the
-       following choices.\\n(A) 3\\n(B) 2\\n(C) 1\\n(D) 0", "image": <PIL>}
+       following choices.\\n(A) 3\\n(B) 2\\n(C) 1\\n(D) 0", "image": <PIL 256x256>,
+       "filename": "img/2D/count/ade20k_10.png", "source": "ADE20K", "source_dataset": "ADE20K Validation Set", ...}
+
+  No SAT record could be seen offline; the schema above is the anchors' converter's output.
 
 Prompt: ``prompt_style=base`` (the GPG run: the base model ``Qwen2-VL-2B`` with the R1-Zero text prompt ending in
 ``<think>``, no chat template, image first with a literal ``<image>`` kept in the text; the format reward then

@@ -2,10 +2,14 @@
 describes (the GPG paper's LISA row: mIoU on test and val, gIoU on test; Qwen2-VL-2B-Instruct).
 
 Data (``shared/research/anchors-tasks.md`` §5): ReasonSeg as LISA distributes it (``ReasonSeg/{train,val,test}/``,
-one ``.json`` + ``.jpg`` per image; 239 / 200 / 779 images). Set ``task.data_root=/path/to/ReasonSeg``. One JSON::
+one ``.json`` + ``.jpg`` per image; 239 / 200 / 779 images). Set ``task.data_root=/path/to/ReasonSeg``. The JSON
+is LabelMe-style (no ReasonSeg file was available offline: the field layout is LISA's, the values illustrative)::
 
-    {"text": ["What part of the plant absorbs water?"], "is_sentence": true,
-     "shapes": [{"label": "target", "shape_type": "polygon", "points": [[103.0, 210.5], [160.2, 215.0], ...]}]}
+    {"text": ["<an instruction that needs reasoning>", ...], "is_sentence": true,
+     "shapes": [{"label": "target", "labels": ["target"], "shape_type": "polygon", "image_name": "<name>.jpg",
+                 "points": [[x, y], ...], "group_id": null, "group_ids": [null], "flags": {}}, ...]}
+
+A real model output (Visual-RFT's LISA demo notebook, a 7B checkpoint): ``<answer>(696,300),(999,999)</answer>``.
 
 The gold box is the min/max of the points of the *first* shape only, whatever its label, in pixels
 (``GPG:Visual-RFT/lisa_evaluation/gen_box_ann.py``). Training uses one item per (image, sentence)

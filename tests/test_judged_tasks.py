@@ -351,3 +351,12 @@ def test_check_cli(tmp_path, capsys):
     # missing images: an error that says what to download; exit status 1
     assert main(["check", "task=geoqa", "model=tiny", "--split", "test", "--examples", "1"]) == 1
     assert "Luckyjhg/Geo170K" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pred,gt,correct", [
+    ("240π", "240πcm^{2}", 1.0), ("27", "27cm^{2}", 1.0), ("4 * pi", "4π", 1.0), ("pi", "π", 1.0),
+    ("sqrt(3)/2", "\\frac{√{3}}{2}", 1.0), ("2", "2√{15}米", 0.0), ("65", "65°", 1.0),
+])
+def test_geoqa_strict_normal_form(pred, gt, correct):
+    """Units with exponents and a spelled-out pi (cases found by replaying R1-V's GRPO log, tests/test_geoqa_log.py)."""
+    assert math_judge(f"<answer>{pred}</answer>", gt, "strict")["correct"] == correct
