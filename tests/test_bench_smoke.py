@@ -1,4 +1,5 @@
-"""The GPU benchmark script runs end to end (tiny model, CPU) so it does not rot between GPU sessions."""
+"""Bench scripts run end to end (the GPU step on the tiny model on CPU, so it does not rot between GPU sessions;
+the demo table on hand-made summaries)."""
 
 import json
 import subprocess
@@ -17,3 +18,23 @@ def test_gpu_step_bench_runs_on_cpu_with_the_tiny_model(tmp_path):
     result = json.loads((tmp_path / "gpu_step-tiny-cpu.json").read_text())
     assert len(result["steps"]) == 2 and result["median_step_seconds"] > 0
     assert (tmp_path / "gpu_step-tiny-cpu.md").read_text().startswith("# `python")
+
+
+def test_demo_table_mean_and_spread(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_table", Path(__file__).parents[1] / "bench" / "demo_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runs = []
+    for seed, (gb, ga) in enumerate([(0.5, 0.7), (0.6, 0.6)]):
+        run = tmp_path / f"s{seed}"
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps({"settings": {"seed": seed}, "accuracy_before": gb,
+                                                      "accuracy_after": ga, "sampled_accuracy_before": 0.25,
+                                                      "sampled_accuracy_after": 0.5}))
+        runs.append(module.load(str(run)))
+    text = module.table(runs)
+    assert "| 0 | 0.500 | 0.700 | +0.200 | 0.250 | 0.500 | +0.250 |" in text
+    # gains +0.2 and 0.0: mean 0.1, sample std sqrt(0.02) = 0.141
+    assert "**0.100 ± 0.141**" in text and "**0.250 ± 0.000**" in text
