@@ -31,6 +31,9 @@ print(json.dumps({
     "example_answer": example.answer,
     "model": cfg.model.name_or_path,
     "max_new_tokens": cfg.rollout.max_new_tokens,
+    "geoqa_test_lines": len((files("mmgpg_tasks") / "data/geoqa/geoqa_test_prompts.jsonl").read_text().splitlines()),
+    "pets_classes": len((files("mmgpg_tasks") / "data/fine_grained/pets.classes.txt").read_text().split("\n")),
+    "paper_tasks": sorted(n for n in eps if n in ("cv_bench", "geoqa", "fine_grained", "lisa_grounding")),
 }))
 """
 
@@ -62,3 +65,6 @@ def test_wheel_installs_into_a_fresh_venv(tmp_path):
     assert "qwen2_vl_2b.yaml" in info["configs"] and "tiny.yaml" in info["configs"]
     assert 1 <= info["example_answer"] <= 5
     assert info["model"] == "Qwen/Qwen2-VL-2B-Instruct" and info["max_new_tokens"] == 48
+    # the shipped benchmark lists travel in the wheel
+    assert info["geoqa_test_lines"] == 754 and info["pets_classes"] == 37
+    assert info["paper_tasks"] == ["cv_bench", "fine_grained", "geoqa", "lisa_grounding"]
