@@ -116,7 +116,7 @@ def rescore(task: Any, rows: Sequence[dict[str, Any]], protocol: str) -> tuple[d
     read are skipped and counted (``skipped``), never silently dropped: each skip is listed in its record."""
     build = getattr(task, "example_from_record", None)
     if not callable(build):
-        raise TypeError(f"task {task.name!r} cannot re-score predictions: it has no example_from_record(record)")
+        raise ValueError(f"task {task.name!r} cannot re-score predictions: it has no example_from_record(record)")
     records, skipped = [], 0
     for number, row in enumerate(rows, 1):
         try:

@@ -24,7 +24,7 @@ from typing import ClassVar
 
 from PIL import Image, ImageDraw
 
-from mmgpg.rewards import format_reward, integer_accuracy
+from mmgpg.rewards import format_reward, integer_accuracy, parse_int
 from mmgpg.task import Example
 
 BACKGROUND = (123, 117, 104)
@@ -127,6 +127,13 @@ class ShapesTask:
     def prompt(self, example: Example) -> list[dict]:
         content = [{"type": "image", "image": im} for im in example.images]
         return [{"role": "user", "content": content + [{"type": "text", "text": example.question}]}]
+
+    def example_from_record(self, record: dict) -> Example:
+        """An example from a predictions row (``id``, ``ground_truth``), for ``mmgpg eval --predictions``."""
+        if record.get("ground_truth") is None or parse_int(str(record["ground_truth"])) is None:
+            raise ValueError(f"shapes predictions: record {record.get('id')!r} needs an integer ground_truth")
+        return Example(id=str(record.get("id", "")), images=[], question=str(record.get("question", QUESTION)),
+                       answer=parse_int(str(record["ground_truth"])))
 
     def gold_completion(self, example: Example) -> str:
         """The answer in the task's output format (used by SFT and pre-flight checks)."""
