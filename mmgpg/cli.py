@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="offline CPU demo: tiny Qwen2-VL, SFT warm start, GPG, before/after + plots",
                        description="Build a tiny Qwen2-VL offline, warm-start it with SFT on the embedded shapes task, "
                        "evaluate it, train it with GPG, evaluate again, print a before/after table and write PNG "
-                       "plots. About 10 minutes on 2 CPU cores with the defaults; --quick runs a seconds-long version.")
+                       "plots. About 8 minutes on 2 CPU cores with the defaults; --quick runs a seconds-long version.")
     p.add_argument("--output", help="run directory (default runs/demo-<time>)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--sft-steps", type=int, default=d.sft_steps)
