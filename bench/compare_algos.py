@@ -42,10 +42,12 @@ def run(cmd: list[str], log: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--work", default="runs/compare_algos", help="where the runs go")
-    ap.add_argument("--sft-steps", type=int, default=120)
+    ap.add_argument("--sft-steps", type=int, default=200)
     ap.add_argument("--sft-lr", type=float, default=1e-3)
     ap.add_argument("--steps", type=int, default=120, help="RL steps per run")
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--lr-scheduler", default="linear", choices=["constant", "linear", "cosine"],
+                    help="RL learning-rate schedule (the demo's default: linear decay to 0)")
     ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--eval-limit", type=int, default=400)
@@ -79,6 +81,7 @@ def main() -> None:
                                        f"train.max_steps={args.steps}", f"train.prompts_per_step={args.prompts_per_step}",
                                        f"train.micro_batch_prompts={args.prompts_per_step}",
                                        f"rollout.group_size={args.group_size}", f"train.learning_rate={args.lr}",
+                                       f"train.lr_scheduler={args.lr_scheduler}",
                                        f"train.eval_every={args.steps}", f"train.eval_samples={args.eval_samples}",
                                        "train.tensorboard=false",
                                        "train.progress=false", f"output_dir={out}"]))
@@ -92,7 +95,7 @@ def main() -> None:
     lines = [f"# `python {' '.join(sys.argv)}`", "",
              f"{time.strftime('%Y-%m-%d', time.gmtime())}; SFT warm start ({args.sft_steps} steps) greedy test accuracy "
              f"**{sft_eval:.3f}**; each run: {args.steps} steps x {args.prompts_per_step} prompts x G={args.group_size}, "
-             f"lr {args.lr}; greedy evaluation on {args.eval_limit} test images; seeds {args.seeds}; "
+             f"lr {args.lr} ({args.lr_scheduler}); greedy evaluation on {args.eval_limit} test images; seeds {args.seeds}; "
              f"{args.parallel} runs in parallel, 1 thread each.", "",
              f"| algorithm | greedy accuracy (mean ± std) | per seed | Δ vs SFT | sampled accuracy, mean of "
              f"{args.eval_samples} (mean ± std) | Δ vs start | s/step (mean ± std) |",
