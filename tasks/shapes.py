@@ -25,7 +25,7 @@ from typing import ClassVar
 from PIL import Image, ImageDraw
 
 from mmgpg.rewards import format_reward, integer_accuracy, parse_int
-from mmgpg.task import Example
+from mmgpg.task import Example, LazyExamples, image_parts
 
 BACKGROUND = (123, 117, 104)
 COLOURS = {
@@ -122,11 +122,14 @@ class ShapesTask:
         )
 
     def load(self, split: str) -> Sequence[Example]:
-        return _LazyItems(self, split)
+        """Items are drawn on access (4,000 images are never all held in memory)."""
+        sizes = self.splits()
+        if split not in sizes:
+            raise ValueError(f"shapes has splits {', '.join(sizes)}; got {split!r}")
+        return LazyExamples(sizes[split], lambda index: self.example(split, index))
 
     def prompt(self, example: Example) -> list[dict]:
-        content = [{"type": "image", "image": im} for im in example.images]
-        return [{"role": "user", "content": content + [{"type": "text", "text": example.question}]}]
+        return [{"role": "user", "content": image_parts(example) + [{"type": "text", "text": example.question}]}]
 
     def example_from_record(self, record: dict) -> Example:
         """An example from a predictions row (``id``, ``ground_truth``), for ``mmgpg eval --predictions``."""
@@ -138,25 +141,6 @@ class ShapesTask:
     def gold_completion(self, example: Example) -> str:
         """The answer in the task's output format (used by SFT and pre-flight checks)."""
         return f"<think>I count {example.answer} shapes.</think><answer>{example.answer}</answer>"
-
-
-class _LazyItems(Sequence[Example]):
-    """A split whose items are drawn on access (4,000 images are never all held in memory)."""
-
-    def __init__(self, task: ShapesTask, split: str):
-        self.task, self.split, self.n = task, split, task.splits().get(split, -1)
-        if self.n < 0:
-            raise ValueError(f"shapes has splits {', '.join(task.splits())}; got {split!r}")
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index):  # type: ignore[override]
-        if isinstance(index, slice):
-            return [self.task.example(self.split, i) for i in range(*index.indices(self.n))]
-        if index < 0:
-            index += self.n
-        return self.task.example(self.split, index)
 
 
 def length_parity(completion: str) -> float:
