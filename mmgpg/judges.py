@@ -122,14 +122,17 @@ def label_judge(output: str, label: str, protocol: str) -> dict:
 # ---- boxes (LISA, §5.4) -------------------------------------------------------------------------------------------
 
 
-def box_judge(output: str, gold: Sequence[float], protocol: str, *, scale: tuple[float, float]) -> dict:
+def box_judge(output: str, gold_box: Sequence[float], image_size: tuple[int, int], protocol: str, *,
+              scale: tuple[float, float]) -> dict:
     """Box IoU ``I / (A + B − I + 1e-6)`` of the predicted box, divided by ``scale`` (the full width and height of the
-    model's box units: ``(1000, 1000)`` for Qwen2-VL, the resized image size for Qwen2.5-VL pixels), against ``gold``
-    (the true box as fractions of the image, in [0, 1]). ``paper``: the first ``(x1,y1),(x2,y2)`` of integers anywhere
+    model's box units: ``(1000, 1000)`` for Qwen2-VL, the resized image size for Qwen2.5-VL pixels), against
+    ``gold_box`` (pixels of the original image) divided by ``image_size = (width, height)``. ``paper``: the first ``(x1,y1),(x2,y2)`` of integers anywhere
     in the output (a box in the reasoning wins), no validity check, 0 when none. ``strict``: the single valid box
     (pairs or ``[x1,y1,x2,y2]``) inside the answer tag; several boxes, none, or an inverted one score 0.
     ``correct`` is the IoU; ``box`` the box read, in model units."""
     sx, sy = scale
+    w, h = image_size
+    gold = (gold_box[0] / w, gold_box[1] / h, gold_box[2] / w, gold_box[3] / h)
     if check_protocol(protocol) == "paper":
         boxes = paper_boxes(output)
         if not boxes:
@@ -142,6 +145,6 @@ def box_judge(output: str, gold: Sequence[float], protocol: str, *, scale: tuple
             return _result(0.0, "", True)
         box = boxes[0]
     pred = (box[0] / sx, box[1] / sy, box[2] / sx, box[3] / sy)
-    out = _result(box_iou(pred, tuple(gold), eps=1e-6), ",".join(f"{v:g}" for v in box), False)
+    out = _result(box_iou(pred, gold, eps=1e-6), ",".join(f"{v:g}" for v in box), False)
     out["box"] = list(box)
     return out

@@ -296,18 +296,19 @@ def strict_box_reward(completion: str, gold_box: Sequence[float]) -> float:
     return box_giou(boxes[0], gold_box) + 1.0
 
 
-def norm1000_to_pixels(box: Sequence[float], width: int, height: int) -> Box:
-    """Qwen2-VL grounding units (0–1000 of the image's width/height) → absolute pixels."""
-    return (box[0] * width / 1000, box[1] * height / 1000, box[2] * width / 1000, box[3] * height / 1000)
-
-
 def pixels_to_norm1000(box: Sequence[float], width: int, height: int) -> tuple[int, int, int, int]:
     """Absolute pixels → Qwen2-VL 0–1000 units, truncated to int as the anchors' ``gen_sft.py`` does (§5.1)."""
     return (int(box[0] / width * 1000), int(box[1] / height * 1000), int(box[2] / width * 1000), int(box[3] / height * 1000))
 
 
-def rescale_box(box: Sequence[float], src: tuple[int, int], dst: tuple[int, int]) -> Box:
-    """A pixel box in an image of size ``src=(w, h)`` → the same box in size ``dst`` (Qwen2.5-VL answers in pixels
-    of the *resized* image the model saw)."""
-    sx, sy = dst[0] / src[0], dst[1] / src[1]
-    return (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+def rescale_box(box: Sequence[float], src: Sequence[float], dst: Sequence[float]) -> Box:
+    """A box in units whose full width and height are ``src=(w, h)`` → the same box in units of size ``dst``:
+    pixels of the image → pixels of the resized image the model saw (Qwen2.5-VL answers in those), and back;
+    ``dst=(1000, 1000)`` would give Qwen2-VL units, but :func:`pixels_to_norm1000` is the anchors' exact formula."""
+    return (box[0] * dst[0] / src[0], box[1] * dst[1] / src[1], box[2] * dst[0] / src[0], box[3] * dst[1] / src[1])
+
+
+def box_text(box: Sequence[float]) -> str:
+    """A box as the anchors' answer string ``(x1,y1),(x2,y2)`` (integer coordinates)."""
+    x1, y1, x2, y2 = (int(v) for v in box)
+    return f"({x1},{y1}),({x2},{y2})"

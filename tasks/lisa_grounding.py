@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 from mmgpg.datasets import DataNotFound, open_image
 from mmgpg.judges import box_judge
-from mmgpg.rewards import paper_box_reward, pixels_to_norm1000, strict_box_reward
+from mmgpg.rewards import box_text, paper_box_reward, pixels_to_norm1000, rescale_box, strict_box_reward
 from mmgpg.task import Example, JudgedTask, LazyExamples, require
 
 TRAIN_TEMPLATE = ("{Question} Output the thinking process in <think> </think> and your grouding box. Following "
@@ -134,20 +134,14 @@ class LisaGroundingTask(JudgedTask):
                              "answer_text": self.answer_text(box, width, height)})
 
     def answer_text(self, box, width: int, height: int) -> str:
-        """The gold box in the model's units as ``(x1,y1),(x2,y2)``."""
+        """The gold box in the model's units as ``(x1,y1),(x2,y2)`` (truncated to integers)."""
         if self.box_format == "qwen2_vl":
-            x1, y1, x2, y2 = pixels_to_norm1000(box, width, height)
-        else:
-            uw, uh = self.units(width, height)
-            x1, y1, x2, y2 = (int(box[0] * uw / width), int(box[1] * uh / height), int(box[2] * uw / width),
-                              int(box[3] * uh / height))
-        return f"({x1},{y1}),({x2},{y2})"
+            return box_text(pixels_to_norm1000(box, width, height))
+        return box_text(rescale_box(box, (width, height), self.units(width, height)))
 
     def _gold_units(self, example: Example) -> tuple[float, float, float, float]:
         w, h = example.meta["width"], example.meta["height"]
-        uw, uh = self.units(w, h)
-        b = example.answer
-        return b[0] * uw / w, b[1] * uh / h, b[2] * uw / w, b[3] * uh / h
+        return rescale_box(example.answer, (w, h), self.units(w, h))
 
     def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
         if protocol == "paper":
@@ -156,9 +150,7 @@ class LisaGroundingTask(JudgedTask):
 
     def judge(self, completion: str, example: Example, protocol: str) -> dict:
         w, h = example.meta["width"], example.meta["height"]
-        b = example.answer
-        gold = (b[0] / w, b[1] / h, b[2] / w, b[3] / h)
-        out = box_judge(completion, gold, protocol, scale=self.units(w, h))
+        out = box_judge(completion, example.answer, (w, h), protocol, scale=self.units(w, h))
         out["iou"] = out["correct"]
         return out
 
@@ -177,9 +169,8 @@ class LisaGroundingTask(JudgedTask):
         images, boxes, gts, ignores = [], [], [], []
         for record, ex in zip(records, examples):
             w, h = ex.meta["width"], ex.meta["height"]
-            uw, uh = self.units(w, h)
             box = record.get("box")
-            boxes.append(None if box is None else (box[0] * w / uw, box[1] * h / uh, box[2] * w / uw, box[3] * h / uh))
+            boxes.append(None if box is None else rescale_box(box, self.units(w, h), (w, h)))
             images.append(ex.images[0])
             gts.append(gt_mask(ex.meta["record"], (h, w), protocol))
             ignores.append(ignore_mask(ex.meta["record"], (h, w), protocol))

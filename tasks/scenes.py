@@ -29,7 +29,15 @@ from mmgpg_tasks.shapes import COLOURS, SIZES, draw_scene
 from PIL import Image
 
 from mmgpg.judges import box_judge, choice_judge, label_judge, math_judge
-from mmgpg.rewards import LETTERS, extract_answer, paper_label_match, pixels_to_norm1000, strict_box_reward
+from mmgpg.rewards import (
+    LETTERS,
+    box_text,
+    extract_answer,
+    paper_box_reward,
+    paper_label_match,
+    pixels_to_norm1000,
+    strict_box_reward,
+)
 from mmgpg.task import Example, JudgedTask, LazyExamples
 
 KINDS = ("count_mc", "count", "relation", "colour", "grounding")
@@ -93,7 +101,7 @@ class ScenesTask(JudgedTask):
         question = (f"Output the bounding box of the {colour} {kind} in the image as (x1,y1),(x2,y2) in 0-1000 "
                     f"coordinates. {TAGS}")
         return Example(ident, [image], question, list(box), {"width": width, "height": height,
-                                                              "answer_text": _box_text(box, width, height)})
+                                                              "answer_text": box_text(pixels_to_norm1000(box, width, height))})
 
     def _choice(self, ident: str, image: Image.Image, question: str, options: list[str], right: str, category: str):
         lettered = "\n".join(f"({LETTERS[i]}) {o}" for i, o in enumerate(options))
@@ -110,15 +118,12 @@ class ScenesTask(JudgedTask):
             return math_judge(completion, example.answer, protocol)
         if self.kind == "colour":
             return label_judge(completion, example.answer, protocol)
-        w, h = example.meta["width"], example.meta["height"]
-        b = example.answer
-        return box_judge(completion, (b[0] / w, b[1] / h, b[2] / w, b[3] / h), protocol, scale=(1000.0, 1000.0))
+        size = (example.meta["width"], example.meta["height"])
+        return box_judge(completion, example.answer, size, protocol, scale=(1000.0, 1000.0))
 
     def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
         if self.kind == "grounding":
             if protocol == "paper":
-                from mmgpg.rewards import paper_box_reward
-
                 return paper_box_reward(completion, example.meta["answer_text"])
             w, h = example.meta["width"], example.meta["height"]
             return strict_box_reward(completion, pixels_to_norm1000(example.answer, w, h))
@@ -136,7 +141,7 @@ class ScenesTask(JudgedTask):
         meta = {k: record[k] for k in ("choices", "category", "width", "height", "ground_truth") if k in record}
         answer = record.get("ground_truth")
         if self.kind == "grounding":
-            meta["answer_text"] = _box_text(answer, meta["width"], meta["height"])
+            meta["answer_text"] = box_text(pixels_to_norm1000(answer, meta["width"], meta["height"]))
         return Example(str(record["id"]), [], str(record.get("question", "")), answer, meta)
 
     def record_fields(self, example: Example) -> dict:
@@ -151,11 +156,6 @@ class ScenesTask(JudgedTask):
             letter = example.answer.strip("()")
             return f"<think>Option {letter}.</think><answer>{letter}</answer>"
         return f"<think>It is {example.answer}.</think><answer> {example.answer} </answer>"
-
-
-def _box_text(box, width: int, height: int) -> str:
-    x1, y1, x2, y2 = pixels_to_norm1000(box, width, height)
-    return f"({x1},{y1}),({x2},{y2})"
 
 
 def _distinct_scene(rng: random.Random, width: int, height: int, count: int):

@@ -16,11 +16,13 @@ from mmgpg.rewards import (
     answer_tag,
     box_giou,
     box_iou,
+    box_text,
     format_reward,
     paper_box_reward,
     paper_boxes,
     paper_label_match,
     pixels_to_norm1000,
+    rescale_box,
     sat_string_reward,
     strict_box_reward,
     strict_boxes,
@@ -108,6 +110,9 @@ def test_box_math_by_hand():
     assert box_giou((0, 0, 1, 1), (2, 2, 3, 3)) == pytest.approx(0 - (9 - 2) / 9)
     assert box_iou((0, 0, 0, 0), (0, 0, 0, 0)) == 0.0
     assert pixels_to_norm1000((10, 20, 100, 150), 267, 189) == (37, 105, 374, 793)
+    # 200x100 image seen as 196x112: x * 196/200, y * 112/100
+    assert rescale_box((20, 10, 100, 60), (200, 100), (196, 112)) == pytest.approx((19.6, 11.2, 98.0, 67.2))
+    assert box_text((19.6, 11.2, 98.0, 67.2)) == "(19,11),(98,67)"
 
 
 @pytest.mark.parametrize("completion,reward", [
