@@ -254,14 +254,15 @@ def cmd_eval(args) -> int:
         from mmgpg.policy import load_policy_for
 
         ckpt = args.ckpt
-        if Path(ckpt).is_dir() and latest_checkpoint(Path(ckpt)) is not None:  # a training run: its latest policy
-            ckpt = str(latest_checkpoint(Path(ckpt)) / "policy")
+        run_checkpoint = latest_checkpoint(Path(ckpt)) if Path(ckpt).is_dir() else None
+        if run_checkpoint is not None:  # a training run: its latest policy
+            ckpt = str(run_checkpoint / "policy")
             print(f"evaluating {ckpt}")
         policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=ckpt)
-        examples = first_items(task.load(args.split), args.limit)
-        metrics, records = evaluate(policy, task, examples, batch_size=args.batch_size,
+        split = task.load(args.split)
+        metrics, records = evaluate(policy, task, first_items(split, args.limit), batch_size=args.batch_size,
                                     max_new_tokens=args.max_new_tokens, protocol=args.protocol)
-        counts.update(evaluated=len(records), skipped=0, available=len(task.load(args.split)))
+        counts.update(evaluated=len(records), skipped=0, available=len(split))
         source = {"checkpoint": args.ckpt, "decoding": "greedy", "max_new_tokens": args.max_new_tokens}
     counts["parse_failures"] = int(sum(r.get("parse_failure", 0) for r in records if "skipped" not in r))
     out = make_run_dir(args.output or "", "eval")

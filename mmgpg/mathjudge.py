@@ -36,7 +36,8 @@ DEFAULT_TIMEOUT_S = 20.0
 START_TIMEOUT_S = 120.0
 """How long a fresh worker may take to import math-verify and sympy (not counted against any call)."""
 
-_NO_ANSWER = {"parse_verify": (False, ""), "choice": (False, ""), "latex_equal": (False, "")}
+NO_ANSWER = (False, "")
+"""What every job returns when math-verify fails or the call runs out of time: not correct, nothing extracted."""
 
 
 # ---- the worker side --------------------------------------------------------------------------------------------
@@ -115,7 +116,7 @@ def _serve(read_fd: int, write_fd: int) -> None:
             try:
                 out.append(_JOBS[name](*args))
             except Exception:  # noqa: BLE001 - a judgement never raises; math-verify errors mean "no answer"
-                out.append(_NO_ANSWER[name])
+                out.append(NO_ANSWER)
         replies.send(out)
 
 
@@ -173,7 +174,7 @@ class MathWorker:
                         return self._recv.recv()
                     self.timeouts += 1
                     self._stop()
-                    return [_NO_ANSWER[name]] * len(batch)
+                    return [NO_ANSWER] * len(batch)
                 except (EOFError, BrokenPipeError, OSError):
                     self._stop()  # the worker died (e.g. killed for memory): start a fresh one once
                     if attempt:
