@@ -598,6 +598,8 @@ def load_policy(
     """Load a Qwen2-VL / Qwen2.5-VL policy from a hub id or a local directory (never ``trust_remote_code``).
 
     ``name_or_path`` may also be ``tiny`` or ``tiny:qwen2_5_vl`` for a model built offline (:mod:`mmgpg.tiny`).
+    ``device="meta"`` builds the model without reading its weights (for checks that need only shapes and the
+    processor, such as ``mmgpg check``).
     """
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
@@ -619,7 +621,11 @@ def load_policy(
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, device)}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
+    if device.type == "meta":  # shapes only, no weights read (pre-flight checks: prompts and processor)
+        with torch.device("meta"):
+            model = AutoModelForImageTextToText.from_config(config, **kwargs)
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
     processor = AutoProcessor.from_pretrained(path)
     return Policy(model, processor, min_pixels=min_pixels, max_pixels=max_pixels, max_prompt_length=max_prompt_length)
 

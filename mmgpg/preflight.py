@@ -22,22 +22,6 @@ class Finding:
     detail: str
 
 
-def _processor_policy(cfg):
-    """A Policy whose model lives on the meta device (config and processor only; no weights loaded)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
-
-    from mmgpg.policy import Policy, resolve_model_path
-
-    path = resolve_model_path(cfg.model.name_or_path)
-    config = AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        model = AutoModelForImageTextToText.from_config(config)
-    processor = AutoProcessor.from_pretrained(path)
-    return Policy(model, processor, min_pixels=cfg.model.min_pixels, max_pixels=cfg.model.max_pixels,
-                  max_prompt_length=None)
-
-
 def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
     from mmgpg.evaluate import judge_output
     from mmgpg.task import build_task, first_items
@@ -56,7 +40,10 @@ def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
         findings.append(Finding("data", "error", f"{type(err).__name__}: {err}"))
         return findings
     try:
-        policy = _processor_policy(cfg)
+        from mmgpg.policy import load_policy_for
+
+        policy = load_policy_for(cfg.model, "meta")
+        policy.max_prompt_length = None  # measure every prompt here; the limit is compared below
         limit = cfg.model.max_prompt_length
         for ex in items:
             batch = policy.encode_prompts([task.prompt(ex)])
