@@ -6,7 +6,9 @@ An algorithm is a combination of these (see ``configs/algo/*.yaml`` and :class:`
   :func:`group_stabilized_advantages` (the success-amplification paper's sqrt(var + eps));
 * :func:`zero_variance_mask` — the only definition of "this group carries no signal";
 * :func:`gpg_alpha` — the bias correction α = B / (B − M); :func:`valid_fraction`, :func:`needs_more_groups` (β_th);
-* token losses — :func:`reinforce_token_loss` (GPG), :func:`clipped_ratio_token_loss` (GRPO/PPO), :func:`kl_k3`;
+* token losses — :func:`reinforce_token_loss` (GPG), :func:`clipped_ratio_token_loss` (GRPO/PPO);
+* KL estimators — :data:`KL_ESTIMATORS`: :func:`kl_k3` (forward-KL gradient), :func:`kl_k2` (reverse-KL
+  gradient), :func:`kl_k1` (zero expected gradient);
 * :func:`token_loss_sum` / :func:`aggregation_denominator` — how per-token losses become one number
   (``token_mean`` as in the GPG paper, ``seq_mean_token_mean`` as in the GPG multimodal code, ``constant_length``
   as in Dr. GRPO). The numerator is a plain sum so that micro-batches and ranks can add their parts and divide by
@@ -151,13 +153,44 @@ TOKEN_LOSSES = {"reinforce": reinforce_token_loss, "clipped_ratio": clipped_rati
 TokenLossName = Literal["reinforce", "clipped_ratio"]
 
 
+def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k1 estimator of KL(π_θ ‖ π_ref): ``logp - ref`` (unbiased, can be negative).
+
+    Gradient as a loss: ``∇k1 = ∇log π_θ(o)``, whose on-policy expectation ``E_π[∇log π] = 0``: differentiated as a
+    loss term k1 pulls nothing toward π_ref in expectation (it only adds variance). ``kl_k1(log 0.5, log 0.25)`` =
+    ``log 2`` = ``0.69315``.
+    """
+    return logp - ref_logp
+
+
+def kl_k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k2 estimator: ``½ (logp - ref)²`` (≥ 0, biased as a KL value).
+
+    Gradient as a loss: ``∇k2 = log(π_θ/π_ref)(o) · ∇log π_θ(o)``, whose on-policy expectation is
+    ``E_π[log(π/π_ref) ∇log π] = ∇ KL(π_θ ‖ π_ref)``: the **reverse**-KL gradient that the success-amplification
+    paper (Mroueh 2025) analyses; its stationary points are the paper's fixed points ``logit p = logit p_ref + Ω/β``.
+    ``kl_k2(log 0.5, log 0.25)`` = ``½ (log 2)²`` = ``0.24023``.
+    """
+    d = logp - ref_logp
+    return 0.5 * d * d
+
+
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimator of KL(π_θ ‖ π_ref): ``exp(ref - logp) - (ref - logp) - 1`` (≥ 0, unbiased).
 
+    Gradient as a loss: ``∇k3 = (1 - π_ref/π_θ)(o) · ∇log π_θ(o)``, whose on-policy expectation is
+    ``E_π[∇log π] - E_{π_ref}[∇log π] = ∇ KL(π_ref ‖ π_θ)``: the **forward**-KL gradient (TRL's GRPO, the GPG forks,
+    verl's low_var_kl). In a binary-outcome model its stationary point solves ``β (p - p_ref) = p (1-p) Ω(p)``, not
+    the paper's recursion (see :mod:`mmgpg.theory`).
     ``kl_k3(log 0.5, log 0.25)``: d = log 0.5 → ``0.5 - log 0.5 - 1`` = ``0.19315``.
     """
     d = ref_logp - logp
     return torch.exp(d) - d - 1.0
+
+
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+KLEstimatorName = Literal["k1", "k2", "k3"]
 
 
 # --------------------------------------------------------------------------------------------------------------------

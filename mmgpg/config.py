@@ -88,7 +88,11 @@ class AlgoConfig:
     clip_eps: float = 0.2
     """Clip range of clipped_ratio; only acts when updates_per_batch > 1 (with one update the ratio is exactly 1)."""
     kl_coef: float = 0.0
-    """Weight of the k3 KL penalty to a frozen reference policy (GRPO: 0.04). A reference model exists only when > 0."""
+    """Weight of the KL penalty to a frozen reference policy (GRPO: 0.04). A reference model exists only when > 0."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator differentiated in the loss: k3 (TRL/GRPO; forward-KL gradient KL(ref||pi)), k2 (1/2
+    (log ratio)^2; reverse-KL gradient KL(pi||ref), the success-amplification paper's objective), k1 (log ratio; zero
+    expected gradient)."""
     aggregation: Literal["token_mean", "seq_mean_token_mean", "constant_length"] = "seq_mean_token_mean"
     """How token losses become one number: token_mean (GPG paper: sum / all tokens), seq_mean_token_mean (GPG
     multimodal code: mean over sequences of per-sequence token means), constant_length (Dr. GRPO: sum / (sequences x

@@ -291,7 +291,8 @@ class Trainer:
                 loss = alpha * policy_sum / den
                 policy_total += float(loss.detach())
                 if ref_lp is not None:
-                    kl_term = a.kl_coef * algorithms.token_loss_sum(algorithms.kl_k3(logp, ref_lp), mask, a.aggregation) / den
+                    kl_term = a.kl_coef * algorithms.token_loss_sum(
+                        algorithms.KL_ESTIMATORS[a.kl_estimator](logp, ref_lp), mask, a.aggregation) / den
                     loss = loss + kl_term
                     kl_total += float(kl_term.detach())
                 loss.backward()
