@@ -468,6 +468,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tasks", help="list the installed task plugins",
                        description="List the task plugins registered under the entry-point group mmgpg.tasks.")
     p.set_defaults(func=cmd_tasks)
+
+    from mmgpg.theory_cli import add_parsers
+
+    add_parsers(sub, _add_config_args)
     return parser
 
 

@@ -1,0 +1,328 @@
+"""Success-amplification theory for binary success, as small pure functions of the configured objective.
+
+Sources and derivations: ``docs/theory.md`` (Mroueh 2025, arXiv 2503.06639, "GRPO with verifiable rewards: effective
+loss, dynamics and success amplification"; the finite-group and KL-estimator extensions are derived there).
+
+The model is one prompt whose completions succeed with probability ``p = σ(z)``; ``z`` is the success log-odds and
+``∂z log π(o) = r - p`` for a success indicator ``r``. A group of ``G`` samples has ``k ~ Bin(G, p)`` successes,
+``p̂ = k/G``, and advantages ``A_i = (r_i - p̂)·s(k)`` where ``s`` is the configured normalisation. The per-group
+gradient in ``z`` is ``(1/G) Σ_i A_i (r_i - p) = p̂(1 - p̂)·s(k)`` (because ``Σ_i (r_i - p̂)(r_i - p) = k(1 - k/G)``),
+so every advantage acts through the finite-group weight
+
+    Ω_G(p) = E_k[p̂(1 - p̂)·s(k)] / (p(1 - p)),
+
+the analogue of the paper's population weight ``Ω_ε(p) = (p(1-p) + ε)^(-1/2)``.
+
+With a KL penalty β the expected ascent direction in ``z`` is ``p(1-p)Ω_G(p) - β·∂z KL-term``:
+
+* ``k3`` in the loss (forward-KL gradient): ``∂z = p - p_ref`` → stationary where ``β(p - p_ref) = p(1-p)Ω_G(p)``;
+* ``k2`` in the loss (reverse-KL gradient, the paper's objective): ``∂z = p(1-p)(z - z_ref)`` → stationary where
+  ``z = z_ref + Ω_G(p)/β``, i.e. the fixed points of ``h(p) = σ(logit p_ref + Ω_G(p)/β)``;
+* ``k1`` (or no KL): nothing pulls back; ``p`` drifts up, GPG's expected gradient is ``(1 - 1/G) p(1-p)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import brentq
+from scipy.special import expit
+
+Z_FAR = 60.0  # |logit| beyond which σ is 0 or 1 to double precision and every Ω below is constant
+
+# --------------------------------------------------------------------------------------------------------------------
+# Weights
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def binomial_pmf(G: int, p: float) -> np.ndarray:
+    """``P(k) = C(G, k) p^k (1-p)^(G-k)`` for ``k = 0..G``. ``binomial_pmf(2, 0.5)`` → ``[0.25, 0.5, 0.25]``."""
+    k = np.arange(G + 1)
+    return np.array([math.comb(G, int(i)) for i in k], dtype=float) * p**k * (1.0 - p) ** (G - k)
+
+
+def advantage_scale(advantage: str, G: int, std_eps: float) -> np.ndarray:
+    """``s(k)`` for ``k = 0..G`` successes, as :mod:`mmgpg.algorithms` normalises a 0/1 group:
+
+    * ``group_mean`` (GPG): ``s = 1``;
+    * ``group_zscore`` (GRPO): ``s = 1/(std_unbiased + std_eps)``, ``std_unbiased = sqrt(G/(G-1) · p̂(1-p̂))``;
+    * ``group_stabilized``: ``s = 1/sqrt(p̂(1-p̂) + std_eps)`` (population variance).
+
+    ``advantage_scale("group_zscore", 4, 0)[2]`` = ``1/sqrt(4/3 · 1/4)`` = ``1.7320``.
+    """
+    if G < 2:
+        raise ValueError(f"group size must be >= 2; got {G}")
+    ph = np.arange(G + 1) / G
+    var = ph * (1.0 - ph)
+    with np.errstate(divide="ignore"):  # k = 0, G with std_eps = 0: inf, always multiplied by p̂(1-p̂) = 0
+        if advantage == "group_mean":
+            return np.ones(G + 1)
+        if advantage == "group_zscore":
+            return 1.0 / (np.sqrt(var * G / (G - 1)) + std_eps)
+        if advantage == "group_stabilized":
+            return 1.0 / np.sqrt(var + std_eps)
+    raise ValueError(f"advantage must be group_mean, group_zscore or group_stabilized; got {advantage!r}")
+
+
+def omega_group(p: float, G: int, advantage: str, std_eps: float, q: float | None = None) -> float:
+    """Finite-group weight ``Ω_G(p) = E_k[p̂(1-p̂) s(k)] / (p(1-p))``, ``k ~ Bin(G, p)``, by exact enumeration:
+
+        Ω_G(p) = Σ_{k=1}^{G-1} C(G,k) p^(k-1) (1-p)^(G-k-1) · (k/G)(1-k/G) · s(k)
+
+    (continuous on [0, 1]; ``q = 1 - p`` may be passed to keep precision near 1). GPG: ``Ω_G ≡ 1 - 1/G`` exactly.
+    ``omega_group(0.5, 2, "group_zscore", 0)``: only k = 1: ``C(2,1) · ¼ · s(1)``, ``s(1) = 1/sqrt(2 · ¼) = √2`` →
+    ``√2/2`` = ``0.70711``.
+    """
+    p, q, k, coeff = _terms(p, q, G, advantage, std_eps)
+    return _out(np.sum(coeff * p ** (k - 1) * q ** (G - k - 1), axis=-1))
+
+
+def omega_group_prime(p: float, G: int, advantage: str, std_eps: float, q: float | None = None) -> float:
+    """``dΩ_G/dp`` from the sum above: ``Σ c_k [(k-1) p^(k-2) q^(G-k-1) - (G-k-1) p^(k-1) q^(G-k-2)]``, 0 < p < 1."""
+    p, q, k, coeff = _terms(p, q, G, advantage, std_eps)
+    a = np.where(k >= 2, (k - 1) * p ** np.maximum(k - 2, 0), 0.0) * q ** (G - k - 1)
+    b = np.where(G - k >= 2, (G - k - 1) * q ** np.maximum(G - k - 2, 0), 0.0) * p ** (k - 1)
+    return _out(np.sum(coeff * (a - b), axis=-1))
+
+
+def _terms(p, q, G: int, advantage: str, std_eps: float):
+    """Broadcast p (scalar or array) against k = 1..G-1 with the coefficients C(G,k) (k/G)(1-k/G) s(k)."""
+    p = np.asarray(p, dtype=float)
+    q = 1.0 - p if q is None else np.asarray(q, dtype=float)
+    k = np.arange(1, G)
+    c = np.array([math.comb(G, int(i)) for i in k], dtype=float)
+    coeff = c * (k / G) * (1 - k / G) * advantage_scale(advantage, G, std_eps)[1:G]
+    return p[..., None], q[..., None], k, coeff
+
+
+def _out(x: np.ndarray):
+    return float(x) if np.ndim(x) == 0 else x
+
+
+def omega_population(p: float, eps: float, q: float | None = None) -> float:
+    """The paper's population weight ``Ω_ε(p) = ω⁺ + ω⁻ = (p(1-p) + ε)^(-1/2)``. ``omega_population(0.5, 0)`` = 2."""
+    q = 1.0 - p if q is None else q
+    return (p * q + eps) ** -0.5
+
+
+def omega_population_prime(p: float, eps: float, q: float | None = None) -> float:
+    """``dΩ_ε/dp = -(1 - 2p) / (2 (p(1-p) + ε)^(3/2))`` (paper, Prop. 1)."""
+    q = 1.0 - p if q is None else q
+    return -(1.0 - 2.0 * p) / (2.0 * (p * q + eps) ** 1.5)
+
+
+def zero_variance_probability(p: float, G: int) -> float:
+    """``P(all G samples equal) = p^G + (1-p)^G``: the group carries no signal. ``(0.5, 2)`` → 0.5."""
+    return p**G + (1.0 - p) ** G
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Stationary points
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Weight:
+    """``Ω(p, q)`` and ``Ω'(p, q)`` with ``q = 1 - p`` passed separately (precision near 1)."""
+
+    omega: Callable[[float, float], float]
+    prime: Callable[[float, float], float]
+    label: str
+
+
+def group_weight(G: int, advantage: str, std_eps: float) -> Weight:
+    return Weight(lambda p, q: omega_group(p, G, advantage, std_eps, q),
+                  lambda p, q: omega_group_prime(p, G, advantage, std_eps, q), f"Ω_G ({advantage}, G={G})")
+
+
+def population_weight(eps: float) -> Weight:
+    return Weight(lambda p, q: omega_population(p, eps, q), lambda p, q: omega_population_prime(p, eps, q),
+                  f"Ω_ε (ε={eps:g})")
+
+
+def sigmoid_pq(z):
+    """``(σ(z), σ(-z))`` without cancellation (scalars or arrays)."""
+    return _out(expit(z)), _out(expit(-np.asarray(z, dtype=float)))
+
+
+def logit(p: float) -> float:
+    return math.log(p) - math.log1p(-p)
+
+
+def _roots(f: Callable[[float], float], lo: float, hi: float) -> list[float]:
+    """Every sign change of ``f`` (vectorised) on a fine grid of ``[lo, hi]`` (dense on ``|z| <= Z_FAR``), refined by
+    brentq."""
+    inner = np.linspace(max(lo, -Z_FAR), min(hi, Z_FAR), 24001) if lo < Z_FAR and hi > -Z_FAR else np.array([])
+    grid = np.unique(np.concatenate([[lo, hi], inner]))
+    values = f(grid).tolist()
+    roots = []
+    for a, b, fa, fb in zip(grid[:-1], grid[1:], values[:-1], values[1:]):
+        if fa == 0.0:
+            roots.append(float(a))
+        elif fa * fb < 0:
+            roots.append(float(brentq(f, float(a), float(b), xtol=1e-13)))
+    return roots
+
+
+def k3_stationary_points(p_ref: float, beta: float, weight: Weight) -> list[dict[str, float]]:
+    """Roots in ``(p_ref, 1)`` of the expected ascent with k3 in the loss (forward-KL gradient):
+
+        F(z) = p(1-p) Ω(p) - β (p - p_ref),    p = σ(z)
+
+    ``flow_rate = -dF/dz = -p(1-p)[(1-2p)Ω + p(1-p)Ω' - β]``: > 0 means small gradient steps are attracted.
+    The first root above p_ref is where gradient flow from p_ref stops. Needs ``0 < p_ref < 1`` and ``β > 0``.
+    """
+    _check(p_ref, beta)
+    z_ref = logit(p_ref)
+
+    def F(z):
+        p, q = sigmoid_pq(z)
+        return p * q * weight.omega(p, q) - beta * (p - p_ref)
+
+    out = []
+    for z in _roots(F, z_ref, max(z_ref, Z_FAR) + 1.0):
+        p, q = sigmoid_pq(z)
+        slope = p * q * ((q - p) * weight.omega(p, q) + p * q * weight.prime(p, q) - beta)
+        out.append({"p": p, "logit": z, "flow_rate": -slope})
+    return out
+
+
+def reverse_kl_fixed_points(p_ref: float, beta: float, weight: Weight) -> list[dict[str, float]]:
+    """Fixed points of the paper's recursion ``h(p) = σ(logit p_ref + Ω(p)/β)`` (reverse KL, i.e. k2 in the loss),
+    found as roots of ``g(z) = z_ref + Ω(σ(z))/β - z``, with
+
+        h'(p*) = p*(1-p*) Ω'(p*) / β,    stable for the exact iteration iff β > B(p*) = p*(1-p*) |Ω'(p*)|
+
+    (for Ω_ε: ``B = p*(1-p*)|2p*-1| / (2[p*(1-p*)+ε]^(3/2))``, the paper's Lemma 1). Gradient flow is attracted iff
+    ``h'(p*) < 1``. Every root exceeds p_ref (Theorem 3). ``log10_one_minus_p`` keeps roots like 1 - 10^-1369.
+    """
+    _check(p_ref, beta)
+    z_ref = logit(p_ref)
+    grid = np.linspace(0.0, 1.0, 2001)
+    upper = float(np.max(weight.omega(grid, 1.0 - grid))) * 1.01 + 1.0
+
+    def g(z):
+        p, q = sigmoid_pq(z)
+        return z_ref + weight.omega(p, q) / beta - z
+
+    out = []
+    for z in _roots(g, z_ref, z_ref + upper / beta + 1.0):
+        p, q = sigmoid_pq(z)
+        h_prime = p * q * weight.prime(p, q) / beta
+        out.append({"p": p, "logit": z, "log10_one_minus_p": -math.log1p(math.exp(z)) / math.log(10) if z < 700
+                    else -z / math.log(10), "h_prime": h_prime, "stability_bound": abs(h_prime) * beta,
+                    "iteration_stable": abs(h_prime) < 1.0, "flow_stable": h_prime < 1.0})
+    return out
+
+
+def _check(p_ref: float, beta: float) -> None:
+    if not 0.0 < p_ref < 1.0:
+        raise ValueError(f"p_ref must be strictly between 0 and 1 for a fixed point; got {p_ref}")
+    if beta <= 0:
+        raise ValueError(f"the KL weight beta must be > 0 for a fixed point; got {beta}")
+
+
+def gpg_mean_only_k3_point(p_ref: float, beta: float, c: float) -> float:
+    """Closed form for ``Ω ≡ c`` (mean-only advantage, e.g. GPG + k3 KL, ``c = 1 - 1/G``): the root of
+    ``β(p - p_ref) = c p(1-p)`` above p_ref, ``p* = [(c-β) + sqrt((c-β)² + 4cβ p_ref)] / (2c)``."""
+    return ((c - beta) + math.sqrt((c - beta) ** 2 + 4 * c * beta * p_ref)) / (2 * c)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# GPG (no KL): drift and coverage
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def gpg_drift(p: float, G: int) -> float:
+    """Expected per-group gradient in z of GPG's ``A = r - mean`` at α = 1: ``E[p̂(1-p̂)] = (1 - 1/G) p(1-p)``."""
+    return (1.0 - 1.0 / G) * p * (1.0 - p)
+
+
+def gpg_drift_alpha(p: float, G: int, P: int) -> float:
+    """The same with α = B/(B-M) over a batch of P groups of this p (a step with only zero-variance groups is
+    skipped): ``(1 - 1/G) p(1-p) (1 - P0^P)/(1 - P0)``, ``P0 = p^G + (1-p)^G`` — the mean over mixed groups,
+    ``(1 - 1/G) p(1-p)/(1 - P0)``, times P(at least one of the P groups is mixed). P = 1 gives α = 1's drift."""
+    p0 = zero_variance_probability(p, G)
+    if p0 >= 1.0:
+        return 0.0
+    return gpg_drift(p, G) * (1.0 - p0**P) / (1.0 - p0)
+
+
+def coverage_probability(p_ref: float, G: int, visits: int) -> float:
+    """``P(at least one success in V visits of G samples) = 1 - (1 - p_ref)^(G V)``: a prompt never seen succeeding
+    never gets a gradient (0 is absorbing). ``(0.01, 8, 10)`` → ``1 - 0.99^80`` = 0.5525."""
+    return 1.0 - (1.0 - p_ref) ** (G * visits)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Predictions for a resolved config
+# --------------------------------------------------------------------------------------------------------------------
+
+FORMULAS = {
+    "omega_G": "Ω_G(p_ref) = E_k[p̂(1-p̂) s(k)] / (p(1-p)), k ~ Bin(G, p), s = the configured advantage's scale",
+    "zero_variance_probability": "P0 = p^G + (1-p)^G (group all-success or all-failure: no signal)",
+    "k3": "k3 in the loss (forward-KL gradient): roots of β(p - p_ref) = p(1-p) Ω_G(p); first = gradient-flow limit;"
+          " flow_rate = -d/dz[p(1-p)Ω_G - β(p - p_ref)] > 0 is attracting",
+    "k2": "k2 / reverse KL (the paper's objective with finite-G weights): fixed points of h(p) = σ(logit p_ref +"
+          " Ω_G(p)/β); h'(p*) = p*(1-p*)Ω_G'(p*)/β; exact iteration stable iff β > B(p*) = p*(1-p*)|Ω_G'(p*)|",
+    "paper": "the paper's population recursion h(p) = σ(logit p_ref + Ω_ε(p)/β), Ω_ε = (p(1-p)+ε)^(-1/2);"
+             " B(p*) = p*(1-p*)|2p*-1| / (2[p*(1-p*)+ε]^(3/2))",
+    "gpg_drift": "expected per-visit gradient in z at α = 1 (no KL): (1 - 1/G) p(1-p)",
+    "gpg_drift_alpha": "with α = B/(B-M) over P = prompts_per_step groups of this p: (1-1/G) p(1-p) (1-P0^P)/(1-P0)",
+    "coverage": "P(a success within V visits) = 1 - (1 - p_ref)^(G V); without one a prompt never gets a gradient",
+}
+
+
+def predict(cfg, p_refs: list[float], visits: int = 10, paper_eps: float | None = None) -> dict:
+    """Per p_ref, everything the theory says about the configured objective (a resolved :class:`mmgpg.config.Config`).
+
+    The configured KL variant is ``algo.kl_estimator`` (k3 → ``k3``; k2 → ``k2``; k1 or ``kl_coef = 0`` → no fixed
+    point); the other variant is computed too, for comparison. ``paper_eps`` defaults to ``std_eps`` for
+    ``group_stabilized`` (the same ε) and 1e-5 (the paper's plots) otherwise. α is taken as 1 in Ω (with
+    ``alpha_correction`` the policy term is scaled by the batch's α ≥ 1, i.e. an effectively smaller β).
+    """
+    a, G = cfg.algo, cfg.rollout.group_size
+    beta = a.kl_coef
+    eps = paper_eps if paper_eps is not None else (a.std_eps if a.advantage == "group_stabilized" else 1e-5)
+    configured = a.kl_estimator if beta > 0 and a.kl_estimator in ("k2", "k3") else None
+    weight, paper = group_weight(G, a.advantage, a.std_eps), population_weight(eps)
+    rows = []
+    for p_ref in p_refs:
+        if not 0.0 <= p_ref <= 1.0:
+            raise ValueError(f"--p-ref values must lie in [0, 1]; got {p_ref}")
+        interior = 0.0 < p_ref < 1.0
+        row: dict = {
+            "p_ref": p_ref,
+            "omega_G": omega_group(p_ref, G, a.advantage, a.std_eps),
+            "zero_variance_probability": zero_variance_probability(p_ref, G),
+            "gpg_drift": gpg_drift(p_ref, G),
+            "gpg_drift_alpha": gpg_drift_alpha(p_ref, G, cfg.train.prompts_per_step),
+            "coverage": coverage_probability(p_ref, G, visits),
+        }
+        for key, fn, w in (("k3", k3_stationary_points, weight), ("k2", reverse_kl_fixed_points, weight),
+                           ("paper", reverse_kl_fixed_points, paper)):
+            row[key] = fn(p_ref, beta, w) if beta > 0 and interior else []
+        row["predicted_p_star"] = (row[configured][0]["p"] if configured and interior
+                                   else (p_ref if not interior else None))
+        rows.append(row)
+    return {"objective": {"advantage": a.advantage, "std_eps": a.std_eps, "group_size": G, "kl_coef": beta,
+                          "kl_estimator": a.kl_estimator, "configured_fixed_point": configured,
+                          "alpha_correction": a.alpha_correction, "prompts_per_step": cfg.train.prompts_per_step,
+                          "visits": visits, "paper_eps": eps},
+            "formulas": FORMULAS, "rows": rows}
+
+
+def predicted_limit(cfg, p_ref: float) -> float | None:
+    """The configured objective's gradient-flow limit from ``p_ref`` (first stationary point above it): p_ref itself
+    at 0 or 1 (absorbing), None when nothing pulls back (no KL, k1) — then p only drifts up."""
+    if p_ref <= 0.0 or p_ref >= 1.0:
+        return p_ref
+    a = cfg.algo
+    if a.kl_coef <= 0 or a.kl_estimator == "k1":
+        return None
+    weight = group_weight(cfg.rollout.group_size, a.advantage, a.std_eps)
+    fn = k3_stationary_points if a.kl_estimator == "k3" else reverse_kl_fixed_points
+    return fn(p_ref, a.kl_coef, weight)[0]["p"]

@@ -1,0 +1,107 @@
+"""``mmgpg theory predict``, ``mmgpg diagnose`` and ``mmgpg probe``: the success-amplification tools
+(docs/theory.md). Registered on the main parser by :func:`add_parsers`."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+
+def _fmt_p(p: float, log10_one_minus_p: float | None = None) -> str:
+    if p > 0.9999:
+        k = -log10_one_minus_p if log10_one_minus_p is not None else -math.log10(max(1.0 - p, 1e-300))
+        return f"1-10^-{k:.1f}"
+    return f"{p:.4g}"
+
+
+def _fmt_roots(roots: list[dict], extra: str) -> str:
+    if not roots:
+        return "—"
+    parts = []
+    for r in roots:
+        text = _fmt_p(r["p"], r.get("log10_one_minus_p"))
+        if extra == "flow_rate":
+            text += f" (rate {r['flow_rate']:+.2g})"
+        else:
+            text += f" (h' {r['h_prime']:+.2g}, B {r['stability_bound']:.2g})"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def parse_p_refs(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--p-ref must be comma-separated numbers in [0, 1], e.g. 0.01,0.2,0.5; got {text!r}") from None
+    if not values:
+        raise ValueError("--p-ref needs at least one value, e.g. --p-ref 0.01,0.2,0.5")
+    return values
+
+
+def cmd_theory_predict(args) -> int:
+    from mmgpg.config import resolve
+    from mmgpg.theory import predict
+
+    cfg = resolve(args.overrides, config_dirs=args.config_dir).config
+    if args.visits < 1:
+        raise ValueError(f"--visits must be >= 1; got {args.visits}")
+    result = predict(cfg, parse_p_refs(args.p_ref), visits=args.visits, paper_eps=args.paper_eps)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print_prediction(result)
+    return 0
+
+
+def print_prediction(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    o = result["objective"]
+    configured = o["configured_fixed_point"]
+    star = {k: " ★" if k == configured else "" for k in ("k3", "k2")}
+    title = (f"advantage={o['advantage']} std_eps={o['std_eps']:g} G={o['group_size']} kl_coef(β)={o['kl_coef']:g} "
+             f"kl_estimator={o['kl_estimator']} (★ = the configured objective's fixed point)")
+    table = Table(title=title)
+    columns = ["p_ref", "Ω_G", "P0", f"k3 p*{star['k3']}", f"k2/reverse-KL p*{star['k2']}",
+               f"paper p* (ε={o['paper_eps']:g})", "GPG drift", f"drift α (P={o['prompts_per_step']})",
+               f"coverage (V={o['visits']})"]
+    for c in columns:
+        table.add_column(c, justify="right")
+    for r in result["rows"]:
+        table.add_row(f"{r['p_ref']:g}", f"{r['omega_G']:.4f}", f"{r['zero_variance_probability']:.4f}",
+                      _fmt_roots(r["k3"], "flow_rate"), _fmt_roots(r["k2"], "h"), _fmt_roots(r["paper"], "h"),
+                      f"{r['gpg_drift']:.4g}", f"{r['gpg_drift_alpha']:.4g}", f"{r['coverage']:.4f}")
+    console = Console() if sys.stdout.isatty() else Console(width=250)
+    console.print(table)
+    if o["kl_coef"] <= 0:
+        print("kl_coef = 0: nothing pulls p back toward p_ref, so there is no interior fixed point; p drifts up at "
+              "the GPG drift rate and p_ref = 0 is absorbing.")
+    elif configured is None:
+        print("kl_estimator = k1: its expected gradient is 0, so the configured objective has no interior fixed point.")
+    print("columns (formulas):")
+    names = {"Ω_G": "omega_G", "P0": "zero_variance_probability", "k3 p*": "k3", "k2/reverse-KL p*": "k2",
+             "paper p*": "paper", "GPG drift": "gpg_drift", "drift α": "gpg_drift_alpha", "coverage": "coverage"}
+    for label, key in names.items():
+        print(f"  {label}: {result['formulas'][key]}")
+
+
+def add_parsers(sub, add_config_args) -> None:
+    """Register ``theory``, ``diagnose`` and ``probe`` on the main subparsers."""
+    p = sub.add_parser("theory", help="success-amplification theory of the configured objective (docs/theory.md)",
+                       description="Theory of binary success under the configured objective.")
+    tsub = p.add_subparsers(dest="theory_command", metavar="ACTION", required=True)
+    t = tsub.add_parser("predict", help="fixed points, weights, drift and coverage per p_ref for a config",
+                        description="For each --p-ref: the finite-group weight Ω_G of algo.advantage, the "
+                        "zero-variance probability, the stationary points of the configured objective (k3 and "
+                        "k2/reverse-KL, with stability), the paper's population fixed points, and GPG's drift and "
+                        "coverage. Each column's formula is printed under the table. Example: mmgpg theory predict "
+                        "algo=grpo algo.kl_coef=0.5 --p-ref 0.01,0.2,0.5")
+    add_config_args(t)
+    t.add_argument("--p-ref", required=True, help="comma-separated reference success probabilities, e.g. 0.01,0.2")
+    t.add_argument("--visits", type=int, default=10, help="visits per prompt for the coverage column (default 10)")
+    t.add_argument("--paper-eps", type=float, default=None,
+                   help="ε of the paper's Ω_ε (default: algo.std_eps for group_stabilized, else 1e-5 as in the paper)")
+    t.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    t.set_defaults(func=cmd_theory_predict)

@@ -1,0 +1,127 @@
+"""mmgpg.theory against hand-computed values (worked in the comments) and the paper's published fixed points, and
+`mmgpg theory predict` end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from mmgpg.cli import main
+from mmgpg.theory import (
+    advantage_scale,
+    coverage_probability,
+    gpg_drift,
+    gpg_drift_alpha,
+    gpg_mean_only_k3_point,
+    group_weight,
+    k3_stationary_points,
+    omega_group,
+    omega_group_prime,
+    omega_population,
+    population_weight,
+    reverse_kl_fixed_points,
+    zero_variance_probability,
+)
+
+
+def test_weights_by_hand():
+    # G = 2, p = 1/2, z-score with eps 0: only k = 1 counts: C(2,1) * (1/2)(1/2) * s(1), s(1) = 1/sqrt(2 * 1/4) = sqrt 2
+    assert omega_group(0.5, 2, "group_zscore", 0.0) == pytest.approx(math.sqrt(2) / 2, abs=1e-15)
+    # G = 4, p = 1/2, eps 0: k=1: 4 * q^2 (=1/4) * 3/16 * s(1)=2 -> 3/8; k=2: 6 * pq (=1/4) * 1/4 * s(2)=sqrt 3 ->
+    # 3 sqrt(3)/8; k=3 like k=1 -> 3/8. Sum 3/4 + 3 sqrt(3)/8 = 1.399519
+    assert omega_group(0.5, 4, "group_zscore", 0.0) == pytest.approx(0.75 + 3 * math.sqrt(3) / 8, abs=1e-14)
+    assert advantage_scale("group_zscore", 4, 0.0)[2] == pytest.approx(math.sqrt(3), abs=1e-14)
+    # GPG: Omega_G = 1 - 1/G at every p
+    for p in (1e-6, 0.3, 0.999):
+        assert omega_group(p, 4, "group_mean", 1e-4) == pytest.approx(0.75, abs=1e-12)
+    # stabilized, G = 2, p = 1/2, eps = 0.01: 2 * 1/4 / sqrt(1/4 + 0.01) = 0.5 / 0.5099 = 0.980581
+    assert omega_group(0.5, 2, "group_stabilized", 0.01) == pytest.approx(0.5 / math.sqrt(0.26), abs=1e-14)
+    assert omega_population(0.5, 0.0) == 2.0
+    # theory.md Table D (G = 16, TRL std + 1e-4): 3.613 at p = 0.01, 1.872 at p = 0.5
+    assert omega_group(0.01, 16, "group_zscore", 1e-4) == pytest.approx(3.613, abs=5e-4)
+    assert omega_group(0.5, 16, "group_zscore", 1e-4) == pytest.approx(1.872, abs=5e-4)
+    # derivative against a central difference
+    for adv in ("group_zscore", "group_stabilized"):
+        h = 1e-6
+        num = (omega_group(0.3 + h, 8, adv, 1e-4) - omega_group(0.3 - h, 8, adv, 1e-4)) / (2 * h)
+        assert omega_group_prime(0.3, 8, adv, 1e-4) == pytest.approx(num, rel=1e-6)
+
+
+def test_probabilities_by_hand():
+    assert zero_variance_probability(0.5, 2) == 0.5
+    assert zero_variance_probability(0.1, 3) == pytest.approx(0.001 + 0.729, abs=1e-15)
+    assert coverage_probability(0.01, 8, 10) == pytest.approx(1 - 0.99**80, abs=1e-15)  # 0.5525
+    assert gpg_drift(0.2, 4) == pytest.approx(0.75 * 0.16, abs=1e-15)
+    # P = 2, G = 2, p = 1/2: P0 = 1/2 -> (1 - 1/4)/(1 - 1/2) = 1.5 times the alpha=1 drift 1/8
+    assert gpg_drift_alpha(0.5, 2, 2) == pytest.approx(0.125 * 1.5, abs=1e-15)
+    assert gpg_drift_alpha(0.5, 2, 1) == pytest.approx(0.125, abs=1e-15)
+
+
+def test_fixed_points_by_hand():
+    w = group_weight(2, "group_mean", 0.0)  # Omega = 1/2
+    # k3: 0.5 (p - 0.2) = 0.5 p (1 - p)  ->  p^2 = 0.2  ->  p = 0.447214
+    (root,) = k3_stationary_points(0.2, 0.5, w)
+    assert root["p"] == pytest.approx(math.sqrt(0.2), abs=1e-10)
+    assert root["flow_rate"] > 0
+    assert root["p"] == pytest.approx(gpg_mean_only_k3_point(0.2, 0.5, 0.5), abs=1e-10)
+    # reverse KL: logit p = logit 0.2 + (1/2)/0.5 = log(1/4) + 1 -> p = e/4 / (1 + e/4) = 0.404609; h' = 0 (Omega flat)
+    (root,) = reverse_kl_fixed_points(0.2, 0.5, w)
+    assert root["p"] == pytest.approx((math.e / 4) / (1 + math.e / 4), abs=1e-10)
+    assert root["h_prime"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_paper_fixed_points():
+    """theory.md Table A (eps = 1e-5; the paper's own panels: 0.6813 at beta=1, p_ref=0.2; 0.2807 at beta=5) and
+    Table C (k3-in-loss stationary points with the same weights)."""
+    w = population_weight(1e-5)
+    roots = reverse_kl_fixed_points(0.2, 1.0, w)
+    assert [round(r["p"], 4) for r in roots[:2]] == [0.6813, 0.9347]
+    assert roots[2]["log10_one_minus_p"] == pytest.approx(-136.7, abs=0.05)
+    assert roots[0]["h_prime"] == pytest.approx(0.39, abs=0.005)
+    # Lemma 1's bound: B(p*) = p*(1-p*)|2p*-1| / (2 [p*(1-p*) + eps]^1.5)
+    p = roots[0]["p"]
+    assert roots[0]["stability_bound"] == pytest.approx(p * (1 - p) * abs(2 * p - 1) / (2 * (p * (1 - p) + 1e-5) ** 1.5))
+    assert reverse_kl_fixed_points(0.2, 5.0, w)[0]["p"] == pytest.approx(0.2807, abs=5e-5)
+    assert reverse_kl_fixed_points(0.0001, 1.0, w)[0]["p"] == pytest.approx(0.03101, abs=5e-6)
+    assert k3_stationary_points(0.2, 1.0, w)[0]["p"] == pytest.approx(0.6701, abs=5e-5)
+    assert k3_stationary_points(0.01, 5.0, w)[0]["p"] == pytest.approx(0.05597, abs=5e-6)
+    # theory.md Table E: finite-G (16, TRL std) reverse-KL root 0.004001 at beta=1, p_ref=1e-4
+    assert reverse_kl_fixed_points(1e-4, 1.0, group_weight(16, "group_zscore", 1e-4))[0]["p"] == pytest.approx(
+        0.004001, abs=5e-7)
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.5, 2.0])
+def test_theorem3_every_fixed_point_amplifies(beta):
+    for weight in (population_weight(1e-5), group_weight(8, "group_zscore", 1e-4)):
+        for p_ref in (1e-4, 0.05, 0.3, 0.7, 0.95):
+            roots = reverse_kl_fixed_points(p_ref, beta, weight)
+            assert roots and all(r["p"] > p_ref for r in roots)
+            assert all(r["p"] > p_ref for r in k3_stationary_points(p_ref, beta, weight))
+
+
+def test_predict_cli_json(capsys):
+    rc = main(["theory", "predict", "algo=grpo", "algo.kl_coef=0.5", "algo.kl_estimator=k2", "rollout.group_size=2",
+               "algo.advantage=group_mean", "--p-ref", "0,0.2", "--visits", "3", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["objective"]["configured_fixed_point"] == "k2"
+    zero, row = out["rows"]
+    assert zero["predicted_p_star"] == 0.0 and zero["k2"] == []
+    assert row["omega_G"] == pytest.approx(0.5)  # 1 - 1/G
+    assert row["zero_variance_probability"] == pytest.approx(0.68)  # 0.04 + 0.64
+    assert row["coverage"] == pytest.approx(1 - 0.8**6)
+    assert row["predicted_p_star"] == pytest.approx((math.e / 4) / (1 + math.e / 4), abs=1e-10)
+    assert row["k3"][0]["p"] == pytest.approx(math.sqrt(0.2), abs=1e-10)
+    assert set(out["formulas"]) >= {"omega_G", "k3", "k2", "paper", "gpg_drift", "coverage"}
+
+
+def test_predict_cli_table_and_errors(capsys):
+    assert main(["theory", "predict", "algo=gpg", "--p-ref", "0.01,0.2"]) == 0
+    text = capsys.readouterr().out
+    assert "no interior fixed point" in text and "coverage" in text and "0.8750" in text
+    assert main(["theory", "predict", "--p-ref", "0.2,abc"]) == 2
+    assert "--p-ref must be comma-separated numbers" in capsys.readouterr().err
+    assert main(["theory", "predict", "--p-ref", "1.5"]) == 2
+    assert "[0, 1]" in capsys.readouterr().err
