@@ -87,6 +87,15 @@ def print_prediction(result: dict) -> None:
         print(f"  {label}: {result['formulas'][key]}")
 
 
+def cmd_diagnose(args) -> int:
+    from mmgpg.diagnose_report import run_diagnose
+
+    report = run_diagnose(args.run_dir, args.out, args.success_threshold)
+    sys.stdout.write(open(report["files"][1]).read())
+    print("wrote " + ", ".join(report["files"]))
+    return 0
+
+
 def add_parsers(sub, add_config_args) -> None:
     """Register ``theory``, ``diagnose`` and ``probe`` on the main subparsers."""
     p = sub.add_parser("theory", help="success-amplification theory of the configured objective (docs/theory.md)",
@@ -105,3 +114,15 @@ def add_parsers(sub, add_config_args) -> None:
                    help="ε of the paper's Ω_ε (default: algo.std_eps for group_stabilized, else 1e-5 as in the paper)")
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
     t.set_defaults(func=cmd_theory_predict)
+
+    p = sub.add_parser("diagnose", help="a run's per-prompt success against the theory of its objective",
+                       description="Read RUN_DIR's config.yaml, metrics.jsonl, prompt_success.jsonl and "
+                       "probe_success.jsonl (when present); print and write (RUN_DIR/diagnose or --out) observed vs "
+                       "predicted attempt-0 valid fraction with z-scores, per-prompt trajectories, an amplification "
+                       "table by p_ref bin, the GPG drift fit against logged alpha and lr, and how often each p bin "
+                       "enters the update: diagnose.txt, diagnose.json and PNG plots. See docs/theory.md.")
+    p.add_argument("run_dir")
+    p.add_argument("--out", default=None, help="output folder (default RUN_DIR/diagnose)")
+    p.add_argument("--success-threshold", type=float, default=None,
+                   help="for a task without a success hook: count completions with total reward >= this as successes")
+    p.set_defaults(func=cmd_diagnose)
