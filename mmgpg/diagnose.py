@@ -95,13 +95,15 @@ def read_visits(path: str | Path, success_threshold: float | None = None) -> lis
     return visits
 
 
-def read_probes(path: str | Path) -> dict[int, dict[str, tuple[int, int]]]:
-    """``probe_success.jsonl`` → ``{step: {prompt_id: (successes, samples)}}`` (absent file → empty)."""
+def read_probes(path: str | Path, split: str | None = None) -> dict[int, dict[str, tuple[int, int]]]:
+    """``probe_success.jsonl`` → ``{step: {prompt_id: (successes, samples)}}`` for ``split`` (absent file → empty)."""
     path = Path(path)
     probes: dict[int, dict[str, tuple[int, int]]] = {}
     if not path.exists():
         return probes
     for n, rec in _read_jsonl(path):
+        if split is not None and rec.get("split", split) != split:
+            continue
         k, N = _field(path, n, rec, "successes", int), _field(path, n, rec, "samples", int)
         if not 0 <= k <= N:
             raise ValueError(f"{path}:{n}: successes must lie in [0, samples]; got {k} of {N}")

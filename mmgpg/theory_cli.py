@@ -126,3 +126,7 @@ def add_parsers(sub, add_config_args) -> None:
     p.add_argument("--success-threshold", type=float, default=None,
                    help="for a task without a success hook: count completions with total reward >= this as successes")
     p.set_defaults(func=cmd_diagnose)
+
+    from mmgpg.probe import add_parser as add_probe_parser
+
+    add_probe_parser(sub, add_config_args)
