@@ -172,3 +172,30 @@ def test_train_probe_diagnose_on_a_real_cpu_run(tmp_path):
     report = json.loads((run / "diagnose" / "diagnose.json").read_text())
     assert report["sources"]["p_ref"] == "step-0 probe" and report["sources"]["final"] == "probe at step 4"
     assert sum(r["prompts"] for r in report["amplification"]) == 6
+
+
+def test_probe_file_and_checkpoint_lookup(tmp_path):
+    from mmgpg.probe import locate, run_config, write_probe
+
+    run = tmp_path / "run"
+    save_config(resolve(["algo=gpg", "rollout.temperature=0.7"]), run, "train")
+    assert locate(str(run), 0) == (run, "", 0)  # step 0: the run's starting model
+    assert locate(str(run), None) == (run, "", 0)  # no checkpoint yet
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint for step 5"):
+        locate(str(run), 5)
+    assert locate("tiny", None) == (None, "tiny", 0)
+    cfg = run_config(run, ["rollout.top_k=5"])
+    assert cfg.rollout.temperature == 0.7 and cfg.rollout.top_k == 5
+    from mmgpg.config import ConfigError
+
+    with pytest.raises(ConfigError, match="only field overrides"):
+        run_config(run, ["task=shapes"])
+    path = run / "probe_success.jsonl"
+    rec = {"prompt_id": "a", "split": "train", "samples": 4, "successes": 1}
+    write_probe(path, 0, "m", [rec])
+    write_probe(path, 3, "m", [rec])
+    write_probe(path, 0, "m", [{**rec, "successes": 2}])  # re-probing step 0 replaces it
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [(r["step"], r["successes"]) for r in rows] == [(3, 1), (0, 2)]
+    assert D.read_probes(path) == {3: {"a": (1, 4)}, 0: {"a": (2, 4)}}
+    assert D.read_probes(path, split="test") == {}
