@@ -46,6 +46,29 @@ class Visit:
         return 0 < self.successes < self.group_size
 
 
+def load_run_config(path: str | Path):
+    """A run's ``config.yaml`` → ``(Config, ignored keys)``. Keys that this mmgpg version no longer has (a run made
+    by an older version) are ignored and named; every other problem is a :class:`mmgpg.config.ConfigError`."""
+    import yaml
+
+    from mmgpg.config import Config, ConfigError, check, from_dict
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: give a run directory written by mmgpg train")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML ({err})") from None
+    problems: list = []
+    cfg = from_dict(Config, tree, problems)
+    ignored = [p.key for p in problems if "has no field" in p.why]
+    problems = [p for p in problems if "has no field" not in p.why] + check(cfg)
+    if problems:
+        raise ConfigError(problems)
+    return cfg, ignored
+
+
 def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
     rows = []
     for n, line in enumerate(path.read_text().splitlines(), 1):

@@ -40,13 +40,10 @@ def run_diagnose(run_dir: str | Path, out_dir: str | Path | None = None,
                  success_threshold: float | None = None) -> dict:
     """Everything for one run; writes ``diagnose.json``, ``diagnose.txt`` and ``*.png`` to ``out_dir``
     (default ``RUN_DIR/diagnose``) and returns the report."""
-    from mmgpg.config import load_config
     from mmgpg.plots import read_metrics
 
     run = Path(run_dir)
-    if not (run / "config.yaml").exists():
-        raise FileNotFoundError(f"{run / 'config.yaml'} does not exist: give a run directory written by mmgpg train")
-    cfg = load_config(run / "config.yaml")
+    cfg, ignored = D.load_run_config(run / "config.yaml")
     metrics = read_metrics(run)
     visits = D.read_visits(run / "prompt_success.jsonl", success_threshold)
     probes = D.read_probes(run / "probe_success.jsonl", cfg.train.split)
@@ -66,6 +63,7 @@ def run_diagnose(run_dir: str | Path, out_dir: str | Path | None = None,
         "sources": {"p_ref": ref_source, "final": final_source, "current_p": now_source,
                     "success": f"threshold rewards >= {success_threshold:g}" if success_threshold is not None
                     else "the task's success field"},
+        "ignored_config_keys": ignored,
         "counts": {"visits": len(visits), "prompts": len({v.prompt_id for v in visits}), "probe_steps": sorted(probes)},
         "valid_fraction": D.valid_fraction_check(visits, p_now),
         "amplification": D.amplification_table(p_ref, final, cfg),
@@ -90,7 +88,10 @@ def render_text(r: dict) -> str:
     lines = [f"mmgpg diagnose {r['run_dir']}", "objective: " + ", ".join(f"{k}={v}" for k, v in r["objective"].items()),
              "sources: " + "; ".join(f"{k}: {v}" for k, v in r["sources"].items()),
              f"{r['counts']['visits']} groups over {r['counts']['prompts']} prompts; probe steps: "
-             f"{r['counts']['probe_steps'] or 'none'}", ""]
+             f"{r['counts']['probe_steps'] or 'none'}"]
+    if r["ignored_config_keys"]:
+        lines.append("config.yaml keys this mmgpg version does not know (ignored): " + ", ".join(r["ignored_config_keys"]))
+    lines.append("")
     vf = r["valid_fraction"]
     lines += ["(a) attempt-0 groups with mixed success: observed vs predicted Σ(1 - p^G - (1-p)^G)",
               f"    total {vf['total_observed']:.0f} observed vs {vf['total_predicted']:.1f} predicted, "

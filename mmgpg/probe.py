@@ -19,9 +19,10 @@ PROBE_FILE = "probe_success.jsonl"
 def run_config(run_dir: Path, overrides: list[str]):
     """The run's saved config with ``a.b=value`` overrides applied (a group such as ``task=...`` cannot be swapped
     under a finished run)."""
-    from mmgpg.config import Config, ConfigError, Problem, check, from_dict, load_config, to_dict
+    from mmgpg.config import Config, ConfigError, Problem, check, from_dict, to_dict
+    from mmgpg.diagnose import load_run_config
 
-    tree = to_dict(load_config(run_dir / "config.yaml"))
+    tree = to_dict(load_run_config(run_dir / "config.yaml")[0])
     for arg in overrides:
         key, sep, raw = arg.partition("=")
         if not sep or "." not in key:

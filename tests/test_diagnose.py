@@ -199,3 +199,17 @@ def test_probe_file_and_checkpoint_lookup(tmp_path):
     assert [(r["step"], r["successes"]) for r in rows] == [(3, 1), (0, 2)]
     assert D.read_probes(path) == {3: {"a": (1, 4)}, 0: {"a": (2, 4)}}
     assert D.read_probes(path, split="test") == {}
+
+
+def test_config_of_an_older_run_is_read_with_its_unknown_keys_named(tmp_path):
+    run = tmp_path / "run"
+    save_config(resolve(["algo=gpg"]), run, "train")
+    text = (run / "config.yaml").read_text().replace("train:\n", "train:\n  retired_option: 3\n", 1)
+    (run / "config.yaml").write_text(text)
+    cfg, ignored = D.load_run_config(run / "config.yaml")
+    assert ignored == ["train.retired_option"] and cfg.algo.name == "gpg"
+    (run / "config.yaml").write_text(text.replace("group_size: 8", "group_size: eight"))
+    from mmgpg.config import ConfigError
+
+    with pytest.raises(ConfigError, match="rollout.group_size"):
+        D.load_run_config(run / "config.yaml")
