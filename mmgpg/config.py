@@ -22,6 +22,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
 import re
 import textwrap
 import types
@@ -67,7 +68,8 @@ class RolloutConfig:
     max_new_tokens: int = 256
     """Longest completion in tokens; a completion cut here has no EOS and counts as truncated."""
     temperature: float = 1.0
-    """Sampling temperature; 0 is greedy decoding. Log-probs are scored at the same temperature."""
+    """Sampling temperature (> 0; training needs different completions per prompt). Log-probs are scored at the
+    same temperature. Evaluation decodes greedily on its own."""
     top_p: float = 1.0
     """Nucleus sampling mass; 1.0 keeps the full distribution (exactly on-policy)."""
     top_k: int = 0
@@ -133,8 +135,9 @@ class TrainConfig:
     """Keep the vision tower's weights fixed (no gradients, not in the optimizer)."""
     split: str = "train"
     """Task split to train on."""
-    success_reward: str = "accuracy"
-    """Reward component that defines success (value >= 1) in the per-prompt success records."""
+    max_nonfinite_steps: int = 3
+    """Optimizer steps whose gradient norm is NaN/Inf are skipped (no update; counted as train/nonfinite_steps);
+    after more than this many in a row, training stops with an error. 0: stop at the first."""
     save_every: int = 0
     """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT)."""
     keep_last: int = 2
@@ -340,6 +343,17 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     return isinstance(value, tp), value
 
 
+def _finite(value: Any) -> bool:
+    """False for a float NaN/Inf, also inside lists and dicts (config numbers must be finite)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
 def from_dict(cls: type, data: Any, problems: list[Problem], prefix: str = "") -> Any:
     """Build dataclass ``cls`` from nested dicts, appending a :class:`Problem` for every mismatch."""
     hints = typing.get_type_hints(cls)
@@ -372,6 +386,10 @@ def from_dict(cls: type, data: Any, problems: list[Problem], prefix: str = "") -
             doc = field_docs(cls).get(key, "")
             problems.append(Problem(prefix + key, value, f"Expected {_type_name(tp)}." + (f" ({doc})" if doc else ""),
                                     f"set {prefix + key}=<{_type_name(tp)}>."))
+            continue
+        if not _finite(coerced):
+            problems.append(Problem(prefix + key, value, "NaN and infinity are not allowed: every number in the "
+                                    "config must be finite.", f"set {prefix + key} to a finite number."))
             continue
         kwargs[key] = coerced
     if open_key:
@@ -580,9 +598,11 @@ def check(cfg: Config) -> list[Problem]:
     if r.max_new_tokens < 1:
         p.append(Problem("rollout.max_new_tokens", r.max_new_tokens, "Completions need at least one token.",
                          "set rollout.max_new_tokens=256."))
-    if r.temperature < 0:
-        p.append(Problem("rollout.temperature", r.temperature, "Temperatures are >= 0 (0 = greedy).",
-                         "set rollout.temperature=1.0."))
+    if r.temperature <= 0:
+        p.append(Problem("rollout.temperature", r.temperature,
+                         "Rollouts sample group_size completions per prompt; at temperature 0 (greedy) they are all "
+                         "the same, so every group has zero variance and nothing is learnt.",
+                         "set rollout.temperature=1.0 (evaluation is greedy by itself)."))
     if not 0 < r.top_p <= 1:
         p.append(Problem("rollout.top_p", r.top_p, "top_p is a probability mass in (0, 1].", "set rollout.top_p=1.0."))
     if r.top_k < 0:
@@ -612,7 +632,8 @@ def check(cfg: Config) -> list[Problem]:
                          "and uncorrected.", "set algo.token_loss=clipped_ratio, or algo.updates_per_batch=1."))
     for key, value, low in (("max_steps", t.max_steps, 1), ("prompts_per_step", t.prompts_per_step, 1),
                             ("micro_batch_prompts", t.micro_batch_prompts, 1), ("keep_last", t.keep_last, 1),
-                            ("warmup_steps", t.warmup_steps, 0), ("save_every", t.save_every, 0)):
+                            ("warmup_steps", t.warmup_steps, 0), ("save_every", t.save_every, 0),
+                            ("max_nonfinite_steps", t.max_nonfinite_steps, 0)):
         if value < low:
             p.append(Problem(f"train.{key}", value, f"It must be >= {low}.", f"set train.{key} to an integer >= {low}."))
     for key, value, low in (("max_steps", cfg.sft.max_steps, 1), ("batch_size", cfg.sft.batch_size, 1),
