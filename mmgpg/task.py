@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -178,8 +179,14 @@ def task_success(task: Any, completion: str, example: Example, rewards: Mapping[
 
 
 def task_rewards(task: Any, completion: str, example: Example) -> dict[str, float]:
-    """Every named reward of ``task`` for one completion; ``total`` is their sum."""
+    """Every named reward of ``task`` for one completion; ``total`` is their sum. A reward that is not a finite
+    number is a bug in the task and raises (it would poison advantages and the update silently)."""
     scores = {name: float(fn(completion, example)) for name, fn in task.rewards.items()}
+    bad = {name: v for name, v in scores.items() if not math.isfinite(v)}
+    if bad:
+        raise ValueError(f"task {getattr(task, 'name', type(task).__name__)!r}: reward "
+                         + ", ".join(f"{k!r} returned {v}" for k, v in bad.items())
+                         + f" for example {example.id!r}; rewards must be finite numbers (fix the reward function)")
     scores["total"] = sum(scores.values())
     return scores
 
