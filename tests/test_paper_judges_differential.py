@@ -18,7 +18,17 @@ import json
 import re
 
 import pytest
-from anchor_judges import cls_accuracy, cls_category, cls_correct, cv_correct, cv_metrics, lisa_decoded, lisa_iou, lisa_miou
+from anchor_judges import (
+    cls_accuracy,
+    cls_category,
+    cls_correct,
+    cv_correct,
+    cv_extract_answer,
+    cv_metrics,
+    lisa_decoded,
+    lisa_iou,
+    lisa_miou,
+)
 from judge_corpus import cv_bench_corpus, fine_grained_corpus, lisa_corpus
 
 from mmgpg.cli import main
@@ -59,12 +69,10 @@ def test_cv_bench_paper_judge_agrees_with_the_authors(tmp_path):
     assert {k: metrics[k] for k in want} == want
     # the corpus decides both ways and exercises the quirks the judge copies
     assert 0.2 < sum(reference) / len(reference) < 0.8
-    unicode_ws = [r for r in rows if _ascii_trim_tag(r["model_output"]) != re.search(
-        r"<answer>\s*(.*?)\s*</answer>", r["model_output"]).group(1) if "</answer>" in r["model_output"]
-        and re.search(r"<answer>\s*(.*?)\s*</answer>", r["model_output"])]
-    assert len(unicode_ws) >= 20  # Unicode whitespace around the answer decides what is parsed
-    whole = [r for r in rows if not re.search(r"<answer>\s*(.*?)\s*</answer>", r["model_output"])]
-    assert len(whole) >= 300  # no usable tag: the whole output is parsed
+    unicode_ws = [r for r in rows if _ascii_trim_tag(r["model_output"]) != cv_extract_answer(r["model_output"])]
+    assert len(unicode_ws) >= 50  # Unicode whitespace next to the tags decides what is parsed
+    whole = [r for r in rows if not cv_extract_answer(r["model_output"])]
+    assert len(whole) >= 300  # no usable tag, or an empty one: the whole output is parsed
 
 
 # ---- fine-grained classification ---------------------------------------------------------------------------------
@@ -81,7 +89,7 @@ def test_fine_grained_paper_judge_agrees_with_the_authors(tmp_path, dataset):
                 zip(rows, reference, records) if float(want) != got["correct"]]
     assert not disagree, f"{len(disagree)} of {len(rows)} disagree, e.g. {disagree[:5]}"
     assert metrics["accuracy"] == cls_accuracy(reference)
-    assert 0.2 < sum(reference) / len(reference) < 0.8
+    assert 0.1 < sum(reference) / len(reference) < 0.9
     # quirks exercised: an answer that is only non-space whitespace (not removed, so not "empty"), whitespace kept
     # inside the answer, the empty answer that is correct
     unstripped = [r for r in rows if (m := re.search(r"<answer>(.*?)</answer>", r["model_output"]))
@@ -122,5 +130,5 @@ def test_lisa_boxes_in_the_prompt_are_the_documented_exception(tmp_path):
                      (it["width"], it["height"])) for it in items]
     output_only = [lisa_iou(it["model_output"], it["ground_truth"], (it["width"], it["height"])) for it in items]
     differ = sum(abs(a - b) > 1e-9 for a, b in zip(full, output_only))
-    assert differ > 100  # the prompt's box decides for the authors
+    assert differ > 50  # the prompt's box decides for the authors
     assert all(abs(b - r["correct"]) <= 1e-9 for b, r in zip(output_only, records))  # the judge reads the output
