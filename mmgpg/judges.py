@@ -129,8 +129,10 @@ def box_judge(output: str, gold_box: Sequence[float], image_size: tuple[int, int
               scale: tuple[float, float]) -> dict:
     """Box IoU ``I / (A + B − I + 1e-6)`` of the predicted box, divided by ``scale`` (the full width and height of the
     model's box units: ``(1000, 1000)`` for Qwen2-VL, the resized image size for Qwen2.5-VL pixels), against
-    ``gold_box`` (pixels of the original image) divided by ``image_size = (width, height)``. ``paper``: the first ``(x1,y1),(x2,y2)`` of integers anywhere
-    in the output (a box in the reasoning wins), no validity check, 0 when none. ``strict``: the single valid box
+    ``gold_box`` (pixels of the original image) divided by ``image_size = (width, height)``. ``paper``: the anchors'
+    ``compute_iou`` of the first ``(x1,y1),(x2,y2)`` of integers anywhere in the output (a box in the reasoning wins;
+    a later box is never used instead), no validity check, 0 when none or when the anchors' conversion would raise
+    (see :func:`_paper_box_decision`). ``strict``: the single valid box
     (pairs or ``[x1,y1,x2,y2]``) inside the answer tag; several boxes, none, or an inverted one score 0.
     ``correct`` is the IoU; ``box`` the box read, in model units."""
     sx, sy = scale
@@ -162,7 +164,7 @@ def _paper_box_decision(output: str, gold: tuple[float, ...], sx: float, sy: flo
         pred = (box[0] / sx, box[1] / sy, box[2] / sx, box[3] / sy)
     except OverflowError:  # the anchors' int / 1000 raises too: IoU 0
         return _result(0.0, "", True)
-    out = _result(paper_box_iou(pred, gold), ",".join(str(v) for v in box), False)
+    out = _result(paper_box_iou(pred, gold) + 0.0, ",".join(str(v) for v in box), False)  # + 0.0: no -0.0
     if all(v < 1e15 for v in box):
         out["box"] = list(box)
     return out

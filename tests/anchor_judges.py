@@ -139,3 +139,22 @@ def lisa_miou(ious: list[float], split_num: int = 8) -> float:
     for data in shards:  # MERGE L4-5
         merged += data  # MERGE L6
     return sum(merged) / len(merged)  # MERGE L7
+
+
+if __name__ == "__main__":
+    # The CV-Bench corpus under whichever math-verify this interpreter has (docs/tasks.md, "math-verify versions"):
+    #   python tests/anchor_judges.py N > decisions.jsonl   (one {"id", "correct", "parsed"} per item)
+    import json
+    import sys
+    from importlib.metadata import version
+
+    from judge_corpus import cv_bench_corpus
+
+    print(json.dumps({"math_verify": version("math-verify"), "sympy": version("sympy"),
+                      "latex2sympy2_extended": version("latex2sympy2_extended")}))
+    for row in cv_bench_corpus(int(sys.argv[1]) if len(sys.argv) > 1 else 2000):
+        short = cv_extract_answer(row["model_output"]) or row["model_output"]
+        parsed = parse(short, extraction_config=[LatexExtractionConfig(), ExprExtractionConfig(),
+                                                 StringExtractionConfig(strings=CV_STRINGS + tuple(row["choices"]))])
+        print(json.dumps({"id": row["id"], "correct": cv_correct(row["model_output"], row["choices"],
+                                                                   row["ground_truth"]), "parsed": [str(p) for p in parsed]}))
