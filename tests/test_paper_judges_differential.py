@@ -132,3 +132,77 @@ def test_lisa_boxes_in_the_prompt_are_the_documented_exception(tmp_path):
     differ = sum(abs(a - b) > 1e-9 for a, b in zip(full, output_only))
     assert differ > 50  # the prompt's box decides for the authors
     assert all(abs(b - r["correct"]) <= 1e-9 for b, r in zip(output_only, records))  # the judge reads the output
+
+
+# ---- the quirk tables of docs/tasks.md, row by row: (authors' decision = paper, strict) -----------------------------
+
+LR = ["left", "right"]
+CV_ROWS = [  # (output, choices, answer, authors = paper, strict)
+    ("<answer>A</answer>", LR, "(A)", 1, 1), ("<answer>(a)</answer>", LR, "(A)", 1, 1),
+    ("<answer>A. left</answer>", LR, "(A)", 1, 1), ("<answer>left</answer>", LR, "(A)", 1, 1),
+    ("<answer>left.</answer>", LR, "(A)", 1, 1), ("<answer>Left</answer>", LR, "(A)", 0, 1),
+    ("<answer>LEFT</answer>", LR, "(A)", 0, 1), ("<answer>The answer is A</answer>", LR, "(A)", 1, 0),
+    ("<answer>\\boxed{A}</answer>", LR, "(A)", 1, 0), ("<answer>A or B</answer>", LR, "(A)", 1, 0),
+    ("<answer>B or A</answer>", LR, "(A)", 0, 0), ("<answer>(A) right</answer>", LR, "(A)", 1, 0),
+    ("<answer>There are 3 chairs</answer>", ["3", "2", "1", "0"], "(A)", 1, 0),
+    ("<answer>table lamp</answer>", ["lamp", "table"], "(A)", 0, 0), ("<answer>Ａ</answer>", LR, "(A)", 0, 0),
+    ("<answer>lefts</answer>", LR, "(A)", 0, 0), ("<think>it is A</think><answer></answer>", LR, "(A)", 0, 0),
+    ("<answer>\u00a0A\u00a0</answer>", LR, "(A)", 1, 1), ("<answer>\nleft\n</answer>", LR, "(A)", 1, 1),
+    ("<think>so B</think><answer>left\nfinal</answer>", LR, "(A)", 0, 0),
+    ("<think>it is A</think><answer>\u3000</answer>", LR, "(A)", 0, 0), ("<think>so B</think>A", LR, "(A)", 0, 0),
+    ("<answer>\\boxed{A}\n\\boxed{B}</answer>", LR, "(B)", 0, 0),  # 1 under math-verify 0.5.2
+]
+FG_ROWS = [  # (output, label, authors = paper, strict)
+    ("<answer>pink primrose</answer>", "pink primrose", 1, 1), ("<answer>Pink_Primrose</answer>", "pink primrose", 1, 1),
+    ("<answer></answer>", "pink primrose", 1, 0), ("<answer> </answer>", "pink primrose", 1, 0),
+    ("<answer>\t</answer>", "pink primrose", 0, 0), ("<answer>\u00a0</answer>", "pink primrose", 0, 0),
+    ("<answer>\tprim</answer>", "pink primrose", 0, 0), ("<answer>pink\u00a0primrose</answer>", "pink primrose", 0, 1),
+    ("<answer>rose</answer>", "pink primrose", 1, 0), ("<answer>pinkprimrose</answer>", "pink primrose", 1, 0),
+    ("<answer>pink primroses</answer>", "pink primrose", 1, 0), ("<answer>a pink primrose!</answer>", "pink primrose", 1, 0),
+    ("<answer>pink primrose, rose</answer>", "pink primrose", 1, 0),
+    ("<answer>lenten rose or pink primrose</answer>", "pink primrose", 1, 0),
+    ("<answer>2012</answer>", "2012 BMW M3 Coupe", 1, 0), ("<answer>pink-primrose</answer>", "pink primrose", 0, 1),
+    ("<answer>737 800</answer>", "737-800", 0, 1), ("<answer>PINK PRİMROSE</answer>", "pink primrose", 0, 0),
+    ("pink primrose", "pink primrose", 0, 0), ("<answer>pink\nprimrose</answer>", "pink primrose", 0, 1),
+    ("<answer>x\n</answer><answer>pink primrose</answer>", "pink primrose", 1, 0),
+]
+LISA_ROWS = [  # (output, authors = paper, strict) for gold (50, 25, 150, 75) px of a 200x100 image
+    ("<answer>(250,250),(750,750)</answer>", 1.0, 1.0), ("<answer>(250, 250), (750, 750)</answer>", 1.0, 1.0),
+    ("<answer>( 250\u00a0,250 ) ,\n( 750,750 )</answer>", 1.0, 1.0), ("<answer>(0250,00250),(000750,750)</answer>", 1.0, 1.0),
+    ("<answer>(２５０,２５０),(７５０,７５０)</answer>", 1.0, 1.0),
+    ("<think>(0,0),(100,100)</think><answer>(250,250),(750,750)</answer>", 0.0, 1.0),
+    ("<answer>(0,0),(100,100),(250,250),(750,750)</answer>", 0.0, 0.0), ("(250,250),(750,750)", 1.0, 0.0),
+    ("<answer>[250,250,750,750]</answer>", 0.0, 1.0), ("<answer>(250,250,750,750)</answer>", 0.0, 0.0),
+    ("<answer>(0.25,0.25),(0.75,0.75)</answer>", 0.0, 0.0), ("<answer>(-250,250),(750,750)</answer>", 0.0, 0.5),
+    ("<answer>（250,250），（750,750）</answer>", 0.0, 0.0), ("<answer>(750,750),(250,250)</answer>", 0.0, 0.0),
+    ("<answer>(" + "9" * 312 + ",250),(750,750) (250,250),(750,750)</answer>", 0.0, 1.0),
+    ("<answer>(" + "0" * 4301 + "250,250),(750,750)</answer>", 0.0, 0.0),
+]
+
+
+@pytest.mark.parametrize(("output", "choices", "answer", "authors", "strict"), CV_ROWS)
+def test_quirk_table_cv_bench(output, choices, answer, authors, strict):
+    from mmgpg.judges import choice_judge
+
+    assert cv_correct(output, choices, answer) == authors
+    assert choice_judge(output, choices, answer, "paper")["correct"] == authors
+    assert choice_judge(output, choices, answer, "strict")["correct"] == strict
+
+
+@pytest.mark.parametrize(("output", "label", "authors", "strict"), FG_ROWS)
+def test_quirk_table_fine_grained(output, label, authors, strict):
+    from mmgpg.judges import label_judge
+
+    assert cls_correct(output, label) == authors
+    assert label_judge(output, label, "paper")["correct"] == authors
+    assert label_judge(output, label, "strict")["correct"] == strict
+
+
+@pytest.mark.parametrize(("output", "authors", "strict"), LISA_ROWS)
+def test_quirk_table_lisa(output, authors, strict):
+    from mmgpg.judges import box_judge
+
+    gold, size = (50, 25, 150, 75), (200, 100)
+    assert lisa_iou(output, gold, size) == pytest.approx(authors, abs=1e-5)
+    assert box_judge(output, gold, size, "paper", scale=(1000, 1000))["correct"] == pytest.approx(authors, abs=1e-5)
+    assert box_judge(output, gold, size, "strict", scale=(1000, 1000))["correct"] == pytest.approx(strict, abs=1e-5)
