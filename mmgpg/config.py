@@ -74,24 +74,27 @@ class RolloutConfig:
     """Nucleus sampling mass; 1.0 keeps the full distribution (exactly on-policy)."""
     top_k: int = 0
     """Keep only the k most likely tokens; 0 disables it (exactly on-policy). The GPG authors' code sampled with 50."""
+    engine: str = "hf"
+    """Rollout engine that generates completions (training, evaluation, `mmgpg sample`): hf = Hugging Face generate
+    with the policy's own weights."""
 
 
 @dataclass
 class AlgoConfig:
     name: str = "gpg"
     """A label for logs and run names; the fields below define the algorithm (configs/algo/*.yaml set them together)."""
-    advantage: Literal["group_mean", "group_zscore", "group_stabilized"] = "group_mean"
+    advantage: str = "group_mean"
     """group_mean: r - mean (GPG, F_norm = 1); group_zscore: (r - mean)/(std + std_eps) (GRPO); group_stabilized:
     (r - mean)/sqrt(var + std_eps) (Mroueh's stabilised whitening)."""
     std_eps: float = 1e-4
     """The epsilon of group_zscore (added to the std) and of group_stabilized (added to the variance)."""
-    token_loss: Literal["reinforce", "clipped_ratio"] = "reinforce"
+    token_loss: str = "reinforce"
     """reinforce: -A log pi (GPG); clipped_ratio: the PPO/GRPO clipped surrogate with clip_eps."""
     clip_eps: float = 0.2
     """Clip range of clipped_ratio; only acts when updates_per_batch > 1 (with one update the ratio is exactly 1)."""
     kl_coef: float = 0.0
     """Weight of the k3 KL penalty to a frozen reference policy (GRPO: 0.04). A reference model exists only when > 0."""
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "constant_length"] = "seq_mean_token_mean"
+    aggregation: str = "seq_mean_token_mean"
     """How token losses become one number: token_mean (GPG paper: sum / all tokens), seq_mean_token_mean (GPG
     multimodal code: mean over sequences of per-sequence token means), constant_length (Dr. GRPO: sum / (sequences x
     rollout.max_new_tokens)). Denominators count the whole optimizer step, all ranks."""
@@ -111,6 +114,8 @@ class AlgoConfig:
 class TrainConfig:
     max_steps: int = 100
     """Optimizer steps (a step skipped because no group had signal still counts)."""
+    backend: str = "plain"
+    """Training backend: plain = a full model copy per process, AdamW, gradients summed over ranks by all-reduce."""
     prompts_per_step: int = 8
     """Prompt groups in one optimizer step, over all ranks (must be divisible by the number of ranks)."""
     micro_batch_prompts: int = 2
@@ -608,6 +613,7 @@ def check(cfg: Config) -> list[Problem]:
     if r.top_k < 0:
         p.append(Problem("rollout.top_k", r.top_k, "top_k counts tokens (0 disables it).", "set rollout.top_k=0."))
     a, t = cfg.algo, cfg.train
+    p += _check_registered(cfg)
     if a.std_eps < 0:
         p.append(Problem("algo.std_eps", a.std_eps, "It must be >= 0.", "set algo.std_eps=1e-4."))
     if a.clip_eps <= 0:
@@ -657,6 +663,24 @@ def check(cfg: Config) -> list[Problem]:
         p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
     p += _check_task(cfg.task)
     return p
+
+
+def _check_registered(cfg: Config) -> list[Problem]:
+    """Names that must be keys of a registry (each name list lives once, beside its implementations)."""
+    from mmgpg import algorithms
+    from mmgpg.backends import BACKENDS
+    from mmgpg.rollout.engine import ENGINES
+
+    out = []
+    for key, value, names in (("algo.advantage", cfg.algo.advantage, algorithms.ADVANTAGES),
+                              ("algo.token_loss", cfg.algo.token_loss, algorithms.TOKEN_LOSSES),
+                              ("algo.aggregation", cfg.algo.aggregation, algorithms.AGGREGATIONS),
+                              ("rollout.engine", cfg.rollout.engine, ENGINES),
+                              ("train.backend", cfg.train.backend, BACKENDS)):
+        if value not in names:
+            out.append(Problem(key, value, "Not a registered name.",
+                               "use one of: " + ", ".join(names) + "." + did_you_mean(value, list(names))))
+    return out
 
 
 def _check_task(task: TaskConfig) -> list[Problem]:

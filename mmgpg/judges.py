@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 from mmgpg import mathjudge
 from mmgpg.rewards import (
-    LETTERS,
     answer_tag,
     box_iou,
     extract_answer,
@@ -97,11 +96,6 @@ def choice_judge(output: str, choices: Sequence[str], answer: str, protocol: str
         return _result(correct, extracted, not extracted)
     correct, read = strict_choice(extract_answer(output), list(choices), letter)
     return _result(correct, read, not read)
-
-
-def letter_of(choices: Sequence[str], option: str) -> str:
-    """The letter of ``option`` in ``choices`` (``"A"``…)."""
-    return LETTERS[list(choices).index(option)]
 
 
 # ---- class labels (fine-grained classification, §4.4) ------------------------------------------------------------

@@ -95,7 +95,7 @@ def test_frozen_vision_tower_really_stays_frozen(tmp_path):
     assert vision and all(torch.equal(before[n], after[n]) for n in vision)
     assert all(after[n].grad is None for n in vision)
     assert any(not torch.equal(before[n], after[n]) for n in before if n not in vision)
-    assert all(not any(p is q for q in trainer.params) for n, p in after.items() if n in vision)
+    assert all(not any(p is q for q in trainer.backend.params) for n, p in after.items() if n in vision)
 
 
 def _final_params(run: Path, step: int) -> dict[str, torch.Tensor]:
@@ -252,7 +252,7 @@ def test_nonfinite_gradients_skip_the_step_then_stop(tiny_dirs, tmp_path):
     assert trainer.state.nonfinite_steps == 1 and trainer.state.optimizer_steps == 0
     assert all(torch.equal(before[n], p) or n == name for n, p in model.named_parameters())
     assert all(p.grad is None for p in model.parameters())
-    assert trainer.scheduler.get_last_lr()[0] == pytest.approx(1e-4 * 3 / 4)
+    assert trainer.backend.learning_rate() == pytest.approx(1e-4 * 3 / 4)
     with pytest.raises(NonFiniteError, match="train.max_nonfinite_steps=1"):
         trainer.update(groups, trainer.advantages(groups))
 

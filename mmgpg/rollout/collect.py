@@ -1,4 +1,9 @@
-"""The β_th collection loop: sample groups until the update's valid fraction reaches ``min_valid_fraction``.
+"""Sampling scored groups (the one encode → generate → score path) and the β_th collection loop.
+
+:func:`sample_groups` is what training, evaluation and ``mmgpg sample`` call: the engine generates ``G`` completions
+per prompt and the task's rewards (and binary success) score each one.
+
+:func:`collect_groups` samples until the update's valid fraction reaches ``min_valid_fraction``.
 
 One step's update holds exactly ``per_rank`` groups on every rank. Each attempt samples ``per_rank`` new prompt
 groups per rank; after each attempt the ranks sum how many informative groups would enter the update
@@ -13,8 +18,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
 from mmgpg import algorithms, distributed
-from mmgpg.task import Example
+from mmgpg.policy import CompletionBatch, PromptBatch
+from mmgpg.rollout.engine import RolloutEngine, Sampling
+from mmgpg.task import Example, task_rewards, task_success
 
 
 @dataclass
@@ -31,10 +40,41 @@ class Group:
     success: list[bool] | None = None  # the task's binary success per completion (None: the task declares none)
     in_update: bool = False  # set by assemble_update
     advantages: list[float] = field(default_factory=list)
+    prompts: PromptBatch | None = None  # the rollout's encoded prompts; this group's is row `prompt_index`
+    prompt_index: int = 0
 
     @property
     def num_tokens(self) -> int:
         return sum(len(c) for c in self.completion_ids)
+
+
+def score_group(task, example: Example, out: CompletionBatch, p: int, *, attempt: int = 0,
+                zero_variance_tol: float = 0.0) -> Group:
+    """Group ``p`` of ``out`` with the task's rewards, binary success and zero-variance flag."""
+    G = out.group_size
+    ids, texts, rewards, success = [], [], [], []
+    components: dict[str, list[float]] = {}
+    for g in range(G):
+        row = p * G + g
+        n = int(out.completion_mask[row].sum())
+        ids.append(out.completion_ids[row, :n].tolist())
+        texts.append(out.texts[row])
+        scores = task_rewards(task, out.texts[row], example)
+        success.append(task_success(task, out.texts[row], example, scores))
+        rewards.append(scores.pop("total"))
+        for k, v in scores.items():
+            components.setdefault(k, []).append(v)
+    zero = bool(algorithms.zero_variance_mask(torch.tensor([rewards], dtype=torch.float64), zero_variance_tol)[0])
+    declared = None if any(s is None for s in success) else [bool(s) for s in success]
+    return Group(example, ids, texts, rewards, components, attempt, zero, declared, prompts=out.prompts, prompt_index=p)
+
+
+def sample_groups(engine: RolloutEngine, task, examples: Sequence[Example], group_size: int, sampling: Sampling, *,
+                  attempt: int = 0, zero_variance_tol: float = 0.0) -> list[Group]:
+    """Encode → generate → score: ``group_size`` completions for each example, scored by the task."""
+    out = engine.generate([task.prompt(ex) for ex in examples], group_size, sampling)
+    return [score_group(task, ex, out, p, attempt=attempt, zero_variance_tol=zero_variance_tol)
+            for p, ex in enumerate(examples)]
 
 
 @dataclass(frozen=True)
