@@ -80,7 +80,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "torch": torch.__version__, "size": args.size,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "autocast_bf16": isinstance(trainer.autocast, torch.autocast),
+        "autocast_bf16": trainer.backend.bf16,
         "build_seconds": build_s,
         "median_step_seconds": statistics.median(r["seconds"] for r in measured),
         "median_rollout_seconds": statistics.median(r["time/rollout"] for r in measured),

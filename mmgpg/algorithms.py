@@ -21,7 +21,6 @@ prompt-major order and a boolean ``mask``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 
@@ -76,7 +75,6 @@ ADVANTAGES: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
     "group_zscore": group_zscore_advantages,
     "group_stabilized": group_stabilized_advantages,
 }
-AdvantageName = Literal["group_mean", "group_zscore", "group_stabilized"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -150,7 +148,6 @@ def clipped_ratio_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_l
 
 
 TOKEN_LOSSES = {"reinforce": reinforce_token_loss, "clipped_ratio": clipped_ratio_token_loss}
-TokenLossName = Literal["reinforce", "clipped_ratio"]
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -190,18 +187,17 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
-KLEstimatorName = Literal["k1", "k2", "k3"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Aggregation over tokens
 # --------------------------------------------------------------------------------------------------------------------
 
-AggregationName = Literal["token_mean", "seq_mean_token_mean", "constant_length"]
+# The aggregation names (the config validates against this tuple).
 AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant_length")
 
 
-def token_loss_sum(token_loss: torch.Tensor, mask: torch.Tensor, mode: AggregationName) -> torch.Tensor:
+def token_loss_sum(token_loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
     """The numerator of the aggregated loss over these rows; divide by :func:`aggregation_denominator`.
 
     * ``token_mean`` (GPG paper; Dr. GRPO's ``constant_length`` has the same numerator): ``Σ_i Σ_t ℓ_it``;
@@ -215,7 +211,7 @@ def token_loss_sum(token_loss: torch.Tensor, mask: torch.Tensor, mode: Aggregati
     raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {mode!r}")
 
 
-def aggregation_denominator(mode: AggregationName, num_sequences: int, num_tokens: int, max_new_tokens: int) -> float:
+def aggregation_denominator(mode: str, num_sequences: int, num_tokens: int, max_new_tokens: int) -> float:
     """The global denominator: tokens (``token_mean``), sequences (``seq_mean_token_mean``) or
     sequences × ``max_new_tokens`` (``constant_length``, Dr. GRPO). Counts are over the whole optimizer step."""
     if mode == "token_mean":
@@ -227,7 +223,7 @@ def aggregation_denominator(mode: AggregationName, num_sequences: int, num_token
     raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {mode!r}")
 
 
-def aggregate_tokens(token_loss: torch.Tensor, mask: torch.Tensor, mode: AggregationName,
+def aggregate_tokens(token_loss: torch.Tensor, mask: torch.Tensor, mode: str,
                      max_new_tokens: int | None = None) -> torch.Tensor:
     """Local aggregation of one batch: ``token_loss_sum / aggregation_denominator`` with this batch's own counts.
 

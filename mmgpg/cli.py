@@ -136,8 +136,9 @@ def cmd_sample(args) -> int:
     from rich.table import Table
 
     from mmgpg.config import save_config
-    from mmgpg.policy import load_policy_for
-    from mmgpg.task import build_task, task_rewards
+    from mmgpg.policy import CompletionBatch, load_policy_for, pad_completions
+    from mmgpg.rollout import Sampling, build_engine, sample_groups
+    from mmgpg.task import build_task
     from mmgpg.utils import make_run_dir, resolve_device, seed_everything
 
     console = _console()
@@ -157,30 +158,32 @@ def cmd_sample(args) -> int:
     r = cfg.rollout
 
     t0 = time.perf_counter()
-    batch = policy.encode_prompts([task.prompt(ex) for ex in examples])
-    timings["encode"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    engine = build_engine(cfg.rollout.engine, policy, cfg)
     with console.status(f"sampling {r.group_size} completions for each of {len(examples)} prompts ..."):
-        rollout = policy.generate(batch, r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                                  top_p=r.top_p, top_k=r.top_k)
+        groups = sample_groups(engine, task, examples, r.group_size, Sampling.from_config(r),
+                               zero_variance_tol=cfg.algo.zero_variance_tol)
     timings["rollout"] = time.perf_counter() - t0
     t0 = time.perf_counter()
+    prompts = groups[0].prompts or policy.encode_prompts([task.prompt(ex) for ex in examples])
+    batch = CompletionBatch(prompts, r.group_size,
+                            *pad_completions([c for g in groups for c in g.completion_ids], policy.pad_token_id))
     with torch.no_grad():
-        logprobs = policy.completion_logprobs(rollout, chunk_size=cfg.model.logprob_chunk_size,
-                                              temperature=r.temperature or 1.0,
+        logprobs = policy.completion_logprobs(batch, chunk_size=cfg.model.logprob_chunk_size,
+                                              temperature=r.temperature,
                                               encode_images_once=cfg.model.encode_images_once)
     timings["logprobs"] = time.perf_counter() - t0
 
     records = []
-    for i, text in enumerate(rollout.texts):
-        ex = examples[i // r.group_size]
-        scores = task_rewards(task, text, ex)
-        n_tokens = int(rollout.completion_mask[i].sum())
-        records.append({
-            "prompt_id": ex.id, "sample": i % r.group_size, "answer": ex.answer, "completion": text,
-            "tokens": n_tokens, "truncated": bool(rollout.completion_mask[i].all()),
-            "logprob_sum": float(logprobs[i].sum()), "rewards": scores,
-        })
+    for g in groups:
+        for j, (ids, text, total) in enumerate(zip(g.completion_ids, g.texts, g.rewards)):
+            row = g.prompt_index * r.group_size + j
+            scores = {**{k: v[j] for k, v in g.components.items()}, "total": total}
+            records.append({
+                "prompt_id": g.example.id, "sample": j, "answer": g.example.answer, "completion": text,
+                "tokens": len(ids), "truncated": not ids or ids[-1] not in policy.eos_token_ids,
+                "logprob_sum": float(logprobs[row].sum()), "rewards": scores,
+                "success": None if g.success is None else g.success[j],
+            })
     with open(run_dir / "samples.jsonl", "w") as f:
         for rec in records:
             f.write(json.dumps(rec, default=str) + "\n")
@@ -198,7 +201,7 @@ def cmd_sample(args) -> int:
     means = {k: sum(rec["rewards"][k] for rec in records) / len(records) for k in [*task.rewards, "total"]}
     console.print("mean rewards: " + ", ".join(f"reward/{k}={v:.3f}" for k, v in means.items()))
     console.print("time: " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items())
-                  + f"; {rollout.num_completion_tokens} completion tokens")
+                  + f"; {batch.num_completion_tokens} completion tokens")
     console.print(f"wrote {run_dir / 'samples.jsonl'} and {run_dir / 'config.yaml'}")
     return 0
 
@@ -258,9 +261,12 @@ def cmd_eval(args) -> int:
         if run_checkpoint is not None:  # a training run: its latest policy
             ckpt = str(run_checkpoint / "policy")
             print(f"evaluating {ckpt}")
+        from mmgpg.rollout import build_engine
+
         policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=ckpt)
+        engine = build_engine(cfg.rollout.engine, policy, cfg)
         split = task.load(args.split)
-        metrics, records = evaluate(policy, task, first_items(split, args.limit), batch_size=args.batch_size,
+        metrics, records = evaluate(engine, task, first_items(split, args.limit), batch_size=args.batch_size,
                                     max_new_tokens=args.max_new_tokens, protocol=args.protocol)
         counts.update(evaluated=len(records), skipped=0, available=len(split))
         source = {"checkpoint": args.ckpt, "decoding": "greedy", "max_new_tokens": args.max_new_tokens}

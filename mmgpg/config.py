@@ -22,6 +22,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import math
 import re
 import textwrap
 import types
@@ -67,33 +68,37 @@ class RolloutConfig:
     max_new_tokens: int = 256
     """Longest completion in tokens; a completion cut here has no EOS and counts as truncated."""
     temperature: float = 1.0
-    """Sampling temperature; 0 is greedy decoding. Log-probs are scored at the same temperature."""
+    """Sampling temperature (> 0; training needs different completions per prompt). Log-probs are scored at the
+    same temperature. Evaluation decodes greedily on its own."""
     top_p: float = 1.0
     """Nucleus sampling mass; 1.0 keeps the full distribution (exactly on-policy)."""
     top_k: int = 0
     """Keep only the k most likely tokens; 0 disables it (exactly on-policy). The GPG authors' code sampled with 50."""
+    engine: str = "hf"
+    """Rollout engine that generates completions (training, evaluation, `mmgpg sample`): hf = Hugging Face generate
+    with the policy's own weights."""
 
 
 @dataclass
 class AlgoConfig:
     name: str = "gpg"
     """A label for logs and run names; the fields below define the algorithm (configs/algo/*.yaml set them together)."""
-    advantage: Literal["group_mean", "group_zscore", "group_stabilized"] = "group_mean"
+    advantage: str = "group_mean"
     """group_mean: r - mean (GPG, F_norm = 1); group_zscore: (r - mean)/(std + std_eps) (GRPO); group_stabilized:
     (r - mean)/sqrt(var + std_eps) (Mroueh's stabilised whitening)."""
     std_eps: float = 1e-4
     """The epsilon of group_zscore (added to the std) and of group_stabilized (added to the variance)."""
-    token_loss: Literal["reinforce", "clipped_ratio"] = "reinforce"
+    token_loss: str = "reinforce"
     """reinforce: -A log pi (GPG); clipped_ratio: the PPO/GRPO clipped surrogate with clip_eps."""
     clip_eps: float = 0.2
     """Clip range of clipped_ratio; only acts when updates_per_batch > 1 (with one update the ratio is exactly 1)."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to a frozen reference policy (GRPO: 0.04). A reference model exists only when > 0."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: str = "k3"
     """Per-token KL estimator differentiated in the loss: k3 (TRL/GRPO; forward-KL gradient KL(ref||pi)), k2 (1/2
     (log ratio)^2; reverse-KL gradient KL(pi||ref), the success-amplification paper's objective), k1 (log ratio; zero
     expected gradient)."""
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "constant_length"] = "seq_mean_token_mean"
+    aggregation: str = "seq_mean_token_mean"
     """How token losses become one number: token_mean (GPG paper: sum / all tokens), seq_mean_token_mean (GPG
     multimodal code: mean over sequences of per-sequence token means), constant_length (Dr. GRPO: sum / (sequences x
     rollout.max_new_tokens)). Denominators count the whole optimizer step, all ranks."""
@@ -113,6 +118,8 @@ class AlgoConfig:
 class TrainConfig:
     max_steps: int = 100
     """Optimizer steps (a step skipped because no group had signal still counts)."""
+    backend: str = "plain"
+    """Training backend: plain = a full model copy per process, AdamW, gradients summed over ranks by all-reduce."""
     prompts_per_step: int = 8
     """Prompt groups in one optimizer step, over all ranks (must be divisible by the number of ranks)."""
     micro_batch_prompts: int = 2
@@ -137,8 +144,9 @@ class TrainConfig:
     """Keep the vision tower's weights fixed (no gradients, not in the optimizer)."""
     split: str = "train"
     """Task split to train on."""
-    success_reward: str = "accuracy"
-    """Reward component that defines success (value >= 1) in the per-prompt success records."""
+    max_nonfinite_steps: int = 3
+    """Optimizer steps whose gradient norm is NaN/Inf are skipped (no update; counted as train/nonfinite_steps);
+    after more than this many in a row, training stops with an error. 0: stop at the first."""
     save_every: int = 0
     """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT)."""
     keep_last: int = 2
@@ -344,6 +352,17 @@ def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
     return isinstance(value, tp), value
 
 
+def _finite(value: Any) -> bool:
+    """False for a float NaN/Inf, also inside lists and dicts (config numbers must be finite)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return all(_finite(v) for v in value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    return True
+
+
 def from_dict(cls: type, data: Any, problems: list[Problem], prefix: str = "") -> Any:
     """Build dataclass ``cls`` from nested dicts, appending a :class:`Problem` for every mismatch."""
     hints = typing.get_type_hints(cls)
@@ -376,6 +395,10 @@ def from_dict(cls: type, data: Any, problems: list[Problem], prefix: str = "") -
             doc = field_docs(cls).get(key, "")
             problems.append(Problem(prefix + key, value, f"Expected {_type_name(tp)}." + (f" ({doc})" if doc else ""),
                                     f"set {prefix + key}=<{_type_name(tp)}>."))
+            continue
+        if not _finite(coerced):
+            problems.append(Problem(prefix + key, value, "NaN and infinity are not allowed: every number in the "
+                                    "config must be finite.", f"set {prefix + key} to a finite number."))
             continue
         kwargs[key] = coerced
     if open_key:
@@ -584,14 +607,17 @@ def check(cfg: Config) -> list[Problem]:
     if r.max_new_tokens < 1:
         p.append(Problem("rollout.max_new_tokens", r.max_new_tokens, "Completions need at least one token.",
                          "set rollout.max_new_tokens=256."))
-    if r.temperature < 0:
-        p.append(Problem("rollout.temperature", r.temperature, "Temperatures are >= 0 (0 = greedy).",
-                         "set rollout.temperature=1.0."))
+    if r.temperature <= 0:
+        p.append(Problem("rollout.temperature", r.temperature,
+                         "Rollouts sample group_size completions per prompt; at temperature 0 (greedy) they are all "
+                         "the same, so every group has zero variance and nothing is learnt.",
+                         "set rollout.temperature=1.0 (evaluation is greedy by itself)."))
     if not 0 < r.top_p <= 1:
         p.append(Problem("rollout.top_p", r.top_p, "top_p is a probability mass in (0, 1].", "set rollout.top_p=1.0."))
     if r.top_k < 0:
         p.append(Problem("rollout.top_k", r.top_k, "top_k counts tokens (0 disables it).", "set rollout.top_k=0."))
     a, t = cfg.algo, cfg.train
+    p += _check_registered(cfg)
     if a.std_eps < 0:
         p.append(Problem("algo.std_eps", a.std_eps, "It must be >= 0.", "set algo.std_eps=1e-4."))
     if a.clip_eps <= 0:
@@ -616,7 +642,8 @@ def check(cfg: Config) -> list[Problem]:
                          "and uncorrected.", "set algo.token_loss=clipped_ratio, or algo.updates_per_batch=1."))
     for key, value, low in (("max_steps", t.max_steps, 1), ("prompts_per_step", t.prompts_per_step, 1),
                             ("micro_batch_prompts", t.micro_batch_prompts, 1), ("keep_last", t.keep_last, 1),
-                            ("warmup_steps", t.warmup_steps, 0), ("save_every", t.save_every, 0)):
+                            ("warmup_steps", t.warmup_steps, 0), ("save_every", t.save_every, 0),
+                            ("max_nonfinite_steps", t.max_nonfinite_steps, 0)):
         if value < low:
             p.append(Problem(f"train.{key}", value, f"It must be >= {low}.", f"set train.{key} to an integer >= {low}."))
     for key, value, low in (("max_steps", cfg.sft.max_steps, 1), ("batch_size", cfg.sft.batch_size, 1),
@@ -640,6 +667,25 @@ def check(cfg: Config) -> list[Problem]:
         p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
     p += _check_task(cfg.task)
     return p
+
+
+def _check_registered(cfg: Config) -> list[Problem]:
+    """Names that must be keys of a registry (each name list lives once, beside its implementations)."""
+    from mmgpg import algorithms
+    from mmgpg.backends import BACKENDS
+    from mmgpg.rollout.engine import ENGINES
+
+    out = []
+    for key, value, names in (("algo.advantage", cfg.algo.advantage, algorithms.ADVANTAGES),
+                              ("algo.token_loss", cfg.algo.token_loss, algorithms.TOKEN_LOSSES),
+                              ("algo.aggregation", cfg.algo.aggregation, algorithms.AGGREGATIONS),
+                              ("algo.kl_estimator", cfg.algo.kl_estimator, algorithms.KL_ESTIMATORS),
+                              ("rollout.engine", cfg.rollout.engine, ENGINES),
+                              ("train.backend", cfg.train.backend, BACKENDS)):
+        if value not in names:
+            out.append(Problem(key, value, "Not a registered name.",
+                               "use one of: " + ", ".join(names) + "." + did_you_mean(value, list(names))))
+    return out
 
 
 def _check_task(task: TaskConfig) -> list[Problem]:

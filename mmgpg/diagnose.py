@@ -90,8 +90,8 @@ def _field(path: Path, n: int, rec: dict, key: str, kind):
 
 
 def read_visits(path: str | Path, success_threshold: float | None = None) -> list[Visit]:
-    """``prompt_success.jsonl`` → visits. Successes come from ``success`` (a 0/1 list), else from ``rewards >=
-    success_threshold``; a record with neither is refused with the fix. Records of older runs that only carry
+    """``prompt_success.jsonl`` → visits. Successes are ``rewards >= success_threshold`` when a threshold is given,
+    else the ``success`` list (the task's hook); a record with neither is refused with the fix. Records of older runs that only carry
     ``successes`` are read as they are."""
     path = Path(path)
     if not path.exists():
@@ -100,12 +100,12 @@ def read_visits(path: str | Path, success_threshold: float | None = None) -> lis
     for n, rec in _read_jsonl(path):
         G = _field(path, n, rec, "group_size", int)
         success = rec.get("success")
-        if success is not None:
+        if success_threshold is not None and isinstance(rec.get("rewards"), list):
+            k = int(sum(float(r) >= success_threshold for r in rec["rewards"]))
+        elif success is not None:
             if not isinstance(success, list) or len(success) != G:
                 raise ValueError(f"{path}:{n}: 'success' must be a list of {G} 0/1 values; got {success!r}")
             k = int(sum(bool(s) for s in success))
-        elif success_threshold is not None and isinstance(rec.get("rewards"), list):
-            k = int(sum(float(r) >= success_threshold for r in rec["rewards"]))
         elif "success" not in rec and isinstance(rec.get("successes"), int):
             k = rec["successes"]  # an older run: successes were "reward component >= 1"
         else:

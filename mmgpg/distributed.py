@@ -2,7 +2,7 @@
 
 mmgpg does not wrap the model in DistributedDataParallel. Every loss is already divided by *global* denominators
 (counted over all ranks), so the exact gradient of the step is the **sum** of the ranks' gradients; one flattened
-all-reduce after the local backward passes computes it. This also lets ranks run different numbers of micro-batches
+all-reduce per bucket of gradients after the local backward passes computes it. This also lets ranks run different numbers of micro-batches
 (zero-variance groups are never forwarded) without collective calls inside forward or backward.
 """
 
@@ -66,21 +66,46 @@ def all_max(value: float, device: torch.device | str = "cpu") -> float:
     return float(t.item())
 
 
-def sum_gradients(params: list[torch.nn.Parameter]) -> None:
-    """Replace every parameter's gradient by its sum over ranks (missing gradients count as zeros)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    grads = []
+BUCKET_BYTES = 64 * 2**20  # one all-reduce per ~64 MiB of gradients: the transient copy is one bucket, not the model
+
+
+def gradient_buckets(params: list[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES) -> list[list[torch.Tensor]]:
+    """The parameters' gradients in consecutive buckets of at most ``bucket_bytes`` (a larger gradient is a bucket
+    of its own), never mixing dtypes or devices. Missing gradients become zeros (a rank may not have touched a
+    parameter that another rank did)."""
+    buckets: list[list[torch.Tensor]] = []
+    current: list[torch.Tensor] = []
+    size = 0
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        grads.append(p.grad)
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
+        g = p.grad
+        nbytes = g.numel() * g.element_size()
+        if current and (size + nbytes > bucket_bytes or g.dtype != current[0].dtype or g.device != current[0].device):
+            buckets.append(current)
+            current, size = [], 0
+        current.append(g)
+        size += nbytes
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def sum_gradients(params: list[torch.nn.Parameter], bucket_bytes: int = BUCKET_BYTES) -> None:
+    """Replace every parameter's gradient by its exact sum over ranks (missing gradients count as zeros), one
+    flattened all-reduce per bucket of :func:`gradient_buckets`."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    for bucket in gradient_buckets(params, bucket_bytes):
+        if len(bucket) == 1:
+            dist.all_reduce(bucket[0], op=dist.ReduceOp.SUM)
+            continue
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
 
 
 def gather_objects(obj: Any) -> list[Any]:

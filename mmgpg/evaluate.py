@@ -1,5 +1,7 @@
 """Greedy evaluation of a policy on a task split, scored by the task's own reward functions.
 
+Completions come from a rollout engine (:mod:`mmgpg.rollout`), the same seam training samples through.
+
 Training rewards and evaluation share one implementation: a task's ``rewards`` are the per-sample scores here (and
 its optional ``metrics(completion, example)`` adds more). A task with a ``judge(completion, example, protocol)``
 is scored by it (the anchors' evaluation rule under ``protocol="paper"``), and its ``aggregate`` turns the judged
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-from mmgpg.policy import Policy
+from mmgpg.rollout import RolloutEngine, Sampling
 from mmgpg.task import Example
 
 
@@ -40,7 +42,8 @@ def aggregate_scores(task: Any, per_sample: Sequence[dict[str, float]]) -> dict[
 
 
 @torch.no_grad()
-def sampled_scores(policy: Policy, task: Any, examples: Sequence[Example], *, samples: int, temperature: float = 1.0,
+def sampled_scores(engine: RolloutEngine, task: Any, examples: Sequence[Example], *, samples: int,
+                   temperature: float = 1.0,
                    batch_size: int = 32, max_new_tokens: int = 64, protocol: str = "paper") -> dict[str, float]:
     """Mean of each score over ``samples`` completions per example at ``temperature`` (mean@k: the success rate of
     the sampling policy that RL optimises, estimated without the variance of a single sample)."""
@@ -50,8 +53,7 @@ def sampled_scores(policy: Policy, task: Any, examples: Sequence[Example], *, sa
     per_batch = max(1, batch_size // samples)
     for start in range(0, len(examples), per_batch):
         chunk = examples[start : start + per_batch]
-        out = policy.generate(policy.encode_prompts([task.prompt(ex) for ex in chunk]), samples,
-                              max_new_tokens=max_new_tokens, temperature=temperature)
+        out = engine.generate([task.prompt(ex) for ex in chunk], samples, Sampling(max_new_tokens, temperature))
         per_sample += [judge_output(task, text, chunk[i // samples], protocol) for i, text in enumerate(out.texts)]
     return judged_metrics(task, per_sample)
 
@@ -82,7 +84,7 @@ def judged_metrics(task: Any, records: Sequence[dict[str, Any]]) -> dict[str, fl
 
 
 @torch.no_grad()
-def evaluate(policy: Policy, task: Any, examples: Sequence[Example], *, batch_size: int = 32,
+def evaluate(engine: RolloutEngine, task: Any, examples: Sequence[Example], *, batch_size: int = 32,
              max_new_tokens: int = 64, protocol: str = "paper") -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy-decode every example (batched) and judge it; return ``(metrics, per-sample records)``.
 
@@ -96,8 +98,7 @@ def evaluate(policy: Policy, task: Any, examples: Sequence[Example], *, batch_si
     fields = getattr(task, "record_fields", None)
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
-        batch = policy.encode_prompts([task.prompt(ex) for ex in chunk])
-        out = policy.generate(batch, 1, max_new_tokens=max_new_tokens, temperature=0.0)
+        out = engine.generate([task.prompt(ex) for ex in chunk], 1, Sampling.greedy(max_new_tokens))
         for ex, text, mask in zip(chunk, out.texts, out.completion_mask):
             extra = fields(ex) if callable(fields) else {"question": ex.question, "ground_truth": ex.answer}
             records.append({"id": ex.id, **extra, "model_output": text, "tokens": int(mask.sum()),

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 from mmgpg import mathjudge
 from mmgpg.rewards import (
-    LETTERS,
     answer_tag,
     box_iou,
     extract_answer,
     option_letter,
-    paper_boxes,
+    paper_box_iou,
+    paper_first_box,
     paper_label_match,
     strict_boxes,
     strict_choice,
@@ -98,23 +98,20 @@ def choice_judge(output: str, choices: Sequence[str], answer: str, protocol: str
     return _result(correct, read, not read)
 
 
-def letter_of(choices: Sequence[str], option: str) -> str:
-    """The letter of ``option`` in ``choices`` (``"A"``…)."""
-    return LETTERS[list(choices).index(option)]
-
-
 # ---- class labels (fine-grained classification, §4.4) ------------------------------------------------------------
 
 
 def label_judge(output: str, label: str, protocol: str) -> dict:
     """``paper``: the ``<answer>(.*?)</answer>`` group (no DOTALL) must exist (else wrong, counted as a parse
-    failure), then the bidirectional substring test after removing spaces and ``_`` and lower-casing — an empty
-    answer is correct. ``strict``: the (DOTALL) answer must be the label itself."""
+    failure), then the bidirectional substring test after removing ASCII spaces and ``_`` and lower-casing — an
+    empty answer is correct. The group is *not* stripped (the anchor does not strip it): a tab or U+00A0 stays, so
+    ``<answer>\\t</answer>`` is wrong while ``<answer> </answer>`` is right. ``strict``: the (DOTALL) answer must be
+    the label itself."""
     if check_protocol(protocol) == "paper":
         answer = answer_tag(output, dotall=False)
         if answer is None:
             return _result(False, "", True)
-        return _result(paper_label_match(answer.strip(), label), answer.strip(), False)
+        return _result(paper_label_match(answer, label), answer, False)
     answer = extract_answer(output)
     return _result(strict_label_match(answer, label), answer or "", not answer)
 
@@ -126,25 +123,42 @@ def box_judge(output: str, gold_box: Sequence[float], image_size: tuple[int, int
               scale: tuple[float, float]) -> dict:
     """Box IoU ``I / (A + B − I + 1e-6)`` of the predicted box, divided by ``scale`` (the full width and height of the
     model's box units: ``(1000, 1000)`` for Qwen2-VL, the resized image size for Qwen2.5-VL pixels), against
-    ``gold_box`` (pixels of the original image) divided by ``image_size = (width, height)``. ``paper``: the first ``(x1,y1),(x2,y2)`` of integers anywhere
-    in the output (a box in the reasoning wins), no validity check, 0 when none. ``strict``: the single valid box
+    ``gold_box`` (pixels of the original image) divided by ``image_size = (width, height)``. ``paper``: the anchors'
+    ``compute_iou`` of the first ``(x1,y1),(x2,y2)`` of integers anywhere in the output (a box in the reasoning wins;
+    a later box is never used instead), no validity check, 0 when none or when the anchors' conversion would raise
+    (see :func:`_paper_box_decision`). ``strict``: the single valid box
     (pairs or ``[x1,y1,x2,y2]``) inside the answer tag; several boxes, none, or an inverted one score 0.
     ``correct`` is the IoU; ``box`` the box read, in model units."""
     sx, sy = scale
     w, h = image_size
     gold = (gold_box[0] / w, gold_box[1] / h, gold_box[2] / w, gold_box[3] / h)
     if check_protocol(protocol) == "paper":
-        boxes = paper_boxes(output)
-        if not boxes:
-            return _result(0.0, "", True)
-        box = boxes[0]
-    else:
-        answer = extract_answer(output)
-        boxes = strict_boxes(answer) if answer is not None else []
-        if len(boxes) != 1 or not valid_box(boxes[0]):
-            return _result(0.0, "", True)
-        box = boxes[0]
+        return _paper_box_decision(output, gold, sx, sy)
+    answer = extract_answer(output)
+    boxes = strict_boxes(answer) if answer is not None else []
+    if len(boxes) != 1 or not valid_box(boxes[0]):
+        return _result(0.0, "", True)
+    box = boxes[0]
     pred = (box[0] / sx, box[1] / sy, box[2] / sx, box[3] / sy)
     out = _result(box_iou(pred, gold, eps=1e-6), ",".join(f"{v:g}" for v in box), False)
     out["box"] = list(box)
+    return out
+
+
+def _paper_box_decision(output: str, gold: tuple[float, ...], sx: float, sy: float) -> dict:
+    """The anchors' rule (§5.4): the first box anywhere (:func:`mmgpg.rewards.paper_first_box`), ``int(x) / 1000``
+    (integer true division, so numbers up to ~1e311 still divide and larger ones raise as theirs do), their
+    ``compute_iou`` (:func:`mmgpg.rewards.paper_box_iou`); every failure is IoU 0. ``box`` is recorded (for the
+    mask metrics) only when its coordinates are ordinary numbers (below 1e15)."""
+    box = paper_first_box(output)
+    if box is None:
+        return _result(0.0, "", True)
+    sx, sy = (int(v) if float(v).is_integer() else v for v in (sx, sy))
+    try:
+        pred = (box[0] / sx, box[1] / sy, box[2] / sx, box[3] / sy)
+    except OverflowError:  # the anchors' int / 1000 raises too: IoU 0
+        return _result(0.0, "", True)
+    out = _result(paper_box_iou(pred, gold) + 0.0, ",".join(str(v) for v in box), False)  # + 0.0: no -0.0
+    if all(v < 1e15 for v in box):
+        out["box"] = list(box)
     return out

@@ -6,7 +6,7 @@ tokens) stays in this file. The rest of mmgpg sees three operations:
 * :meth:`Policy.encode_prompts` — chat conversations with images → one left-padded :class:`PromptBatch`. Images go
   through ``qwen_vl_utils`` (paths, URLs, base64, PIL) with the configured ``min_pixels``/``max_pixels``; rollout and
   training share this single path.
-* :meth:`Policy.generate` — ``group_size`` sampled completions per prompt (:class:`Rollout`), prompt-major order
+* :meth:`Policy.generate` — ``group_size`` sampled completions per prompt (:class:`CompletionBatch`), prompt-major order
   (prompt 0's completions first). The completion mask ends at the first EOS of *any* id in the generation config.
 * :meth:`Policy.completion_logprobs` — per-token log-probabilities of the completion tokens only, differentiable,
   computed from hidden states in chunks so that peak memory is O(chunk × vocab) rather than
@@ -17,7 +17,6 @@ tokens) stays in this file. The rest of mmgpg sees three operations:
 from __future__ import annotations
 
 import copy
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -208,14 +207,16 @@ class PromptBatch:
 
 
 @dataclass
-class Rollout:
-    """``group_size`` completions for each prompt of ``prompts``, prompt-major: row ``p * group_size + g``."""
+class CompletionBatch:
+    """Prompts with ``group_size`` completions each, prompt-major: row ``p * group_size + g``. A rollout engine's
+    sampled completions, or SFT's gold answers (``group_size = 1``); what :meth:`Policy.completion_logprobs` scores."""
 
     prompts: PromptBatch
     group_size: int
     completion_ids: torch.Tensor  # [P*G, T], right-padded with the pad id after EOS
     completion_mask: torch.Tensor  # [P*G, T] bool, True up to and including the first EOS
     texts: list[str] = field(default_factory=list)  # decoded completions without special tokens
+    sampled_logprobs: torch.Tensor | None = None  # [P*G, T] the engine's log-probs of the sampled tokens, if it gives them
 
     @property
     def num_sequences(self) -> int:
@@ -384,7 +385,7 @@ class Policy:
         temperature: float = 1.0,
         top_p: float = 1.0,
         top_k: int = 0,
-    ) -> Rollout:
+    ) -> CompletionBatch:
         """Sample ``group_size`` completions per prompt (HF ``generate``; images are encoded once per prompt there)."""
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1; got {group_size}")
@@ -412,7 +413,7 @@ class Policy:
         texts = self.processor.batch_decode(
             completion_ids.masked_fill(~mask, self.pad_token_id), skip_special_tokens=True
         )
-        return Rollout(prompts=prompts, group_size=group_size, completion_ids=completion_ids.cpu(),
+        return CompletionBatch(prompts=prompts, group_size=group_size, completion_ids=completion_ids.cpu(),
                        completion_mask=mask.cpu(), texts=texts)
 
     def check_no_vision_tokens(self, completion_ids: torch.Tensor, mask: torch.Tensor) -> None:
@@ -444,7 +445,7 @@ class Policy:
 
     def completion_logprobs(
         self,
-        rollout: Rollout,
+        rollout: CompletionBatch,
         *,
         chunk_size: int = 1024,
         temperature: float = 1.0,
@@ -485,6 +486,41 @@ class Policy:
         )
         out = torch.zeros(comp_ids.shape, dtype=logp.dtype, device=device)
         return out.masked_scatter(comp_mask, logp)
+
+
+def gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -> PromptBatch:
+    """One left-padded batch of prompt ``p`` of each ``(batch, p)``: how the update reuses the prompts the rollout
+    already encoded (images preprocessed once per step) for micro-batches of groups from any attempts."""
+    if not rows:
+        raise ValueError("gather_prompts needs at least one (batch, prompt index)")
+    ids, mm, pixels, grids, per_prompt, texts = [], [], [], [], [], []
+    for batch, p in rows:
+        keep = batch.attention_mask[p].bool()
+        ids.append(batch.input_ids[p][keep])
+        mm.append(batch.mm_token_type_ids[p][keep])
+        n_images = batch.images_per_prompt[p]
+        if n_images:
+            first = sum(batch.images_per_prompt[:p])
+            counts = batch.image_grid_thw.prod(-1)
+            start = int(counts[:first].sum())
+            pixels.append(batch.pixel_values[start : start + int(counts[first : first + n_images].sum())])
+            grids.append(batch.image_grid_thw[first : first + n_images])
+        per_prompt.append(n_images)
+        texts.append(batch.texts[p])
+    width = max(len(x) for x in ids)
+
+    def left_pad(rows_, value):
+        return torch.stack([torch.cat([r.new_full((width - len(r),), value), r]) for r in rows_])
+
+    return PromptBatch(
+        input_ids=left_pad(ids, pad_token_id),
+        attention_mask=left_pad([torch.ones_like(r) for r in ids], 0),
+        mm_token_type_ids=left_pad(mm, 0),
+        pixel_values=torch.cat(pixels) if pixels else None,
+        image_grid_thw=torch.cat(grids) if grids else None,
+        images_per_prompt=per_prompt,
+        texts=texts,
+    )
 
 
 def _select_prompts(batch: PromptBatch, rows: slice, group_size: int, comp_ids, comp_mask):
@@ -639,11 +675,3 @@ def load_policy_for(model_cfg, device: torch.device | str, *, source: str | None
     return load_policy(source or model_cfg.name_or_path, dtype=dtype or model_cfg.dtype, min_pixels=model_cfg.min_pixels,
                        max_pixels=model_cfg.max_pixels, attn_implementation=model_cfg.attn_implementation,
                        device=device, max_prompt_length=model_cfg.max_prompt_length)
-
-
-def num_visual_tokens(height: int, width: int, min_pixels: int, max_pixels: int, factor: int = 28) -> int:
-    """Merged visual tokens an image of this size becomes: ``(h' / factor) * (w' / factor)`` after smart resize."""
-    from qwen_vl_utils import smart_resize
-
-    h, w = smart_resize(height, width, factor=factor, min_pixels=min_pixels, max_pixels=max_pixels)
-    return math.prod((h // factor, w // factor))

@@ -64,50 +64,43 @@ def locate(ckpt: str, step: int | None) -> tuple[Path | None, str, int]:
 
 def probe(cfg, source: str, *, split: str, samples: int, limit: int | None, success_threshold: float | None,
           batch_prompts: int = 4, chunk: int = 16) -> list[dict]:
-    """Sample ``samples`` completions per prompt (the first ``limit`` of ``split``) at ``cfg.rollout``'s temperature,
-    top_p, top_k and max_new_tokens, judge each, and return one record per prompt."""
+    """Sample ``samples`` completions per prompt (the first ``limit`` of ``split``) through the rollout engine with
+    ``cfg.rollout``'s sampling settings, score them as training does (:func:`mmgpg.rollout.sample_groups`) and return
+    one record per prompt. Success: the task's ``success`` hook, else ``total reward >= success_threshold``."""
     from mmgpg.policy import load_policy_for
-    from mmgpg.task import build_task, first_items, task_rewards
+    from mmgpg.rollout import Sampling, build_engine, sample_groups
+    from mmgpg.task import build_task, first_items
     from mmgpg.utils import resolve_device
 
     if samples < 1:
         raise ValueError(f"--samples must be >= 1; got {samples}")
     task = build_task(cfg.task.name, cfg.task.options)
-    judge = success_judge(task, success_threshold)
+    if getattr(task, "success", None) is None and success_threshold is None:
+        raise ValueError(f"task {task.name!r} declares no binary success (no success method); pass "
+                         "--success-threshold T to count completions with total reward >= T as successes")
     examples = first_items(task.load(split), limit)
     policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=source or cfg.model.name_or_path)
-    r = cfg.rollout
+    engine = build_engine(cfg.rollout.engine, policy, cfg)
+    sampling = Sampling.from_config(cfg.rollout)
     records = []
     for start in range(0, len(examples), batch_prompts):
-        batch_examples = examples[start:start + batch_prompts]
-        batch = policy.encode_prompts([task.prompt(ex) for ex in batch_examples])
-        counts = [0] * len(batch_examples)
+        batch = examples[start:start + batch_prompts]
+        counts = [0] * len(batch)
         done = 0
         while done < samples:
             n = min(chunk, samples - done)
-            out = policy.generate(batch, n, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-                                  top_p=r.top_p, top_k=r.top_k)
-            for p, ex in enumerate(batch_examples):
-                for g in range(n):
-                    text = out.texts[p * n + g]
-                    counts[p] += bool(judge(text, ex, task_rewards(task, text, ex)))
+            for i, group in enumerate(sample_groups(engine, task, batch, n, sampling)):
+                if success_threshold is not None:
+                    counts[i] += sum(r >= success_threshold for r in group.rewards)
+                else:
+                    counts[i] += sum(bool(x) for x in group.success)
             done += n
-        for ex, k in zip(batch_examples, counts):
-            records.append({"prompt_id": ex.id, "split": split, "samples": samples, "successes": k,
-                            "temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
-                            "max_new_tokens": r.max_new_tokens})
+        for ex, k in zip(batch, counts):
+            records.append({"prompt_id": ex.id, "split": split, "samples": samples, "successes": int(k),
+                            "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
+                            "max_new_tokens": sampling.max_new_tokens})
+    engine.close()
     return records
-
-
-def success_judge(task, threshold: float | None):
-    """``(completion, example, rewards) -> bool``: the task's success hook; else ``rewards["total"] >= threshold``."""
-    hook = getattr(task, "success", None)
-    if callable(hook) and threshold is None:
-        return hook
-    if threshold is not None:
-        return lambda completion, example, rewards: rewards["total"] >= threshold
-    raise ValueError(f"task {task.name!r} declares no binary success (no success method); pass --success-threshold T "
-                     "to count completions with total reward >= T as successes")
 
 
 def write_probe(path: Path, step: int, checkpoint: str, records: list[dict]) -> Path:
@@ -162,7 +155,7 @@ def add_parser(sub, add_config_args) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N prompts only")
     p.add_argument("--batch-prompts", type=int, default=4, help="prompts per generate call (default 4)")
     p.add_argument("--success-threshold", type=float, default=None,
-                   help="for a task without a success hook: count total reward >= this as success")
+                   help="count total reward >= this as success (instead of the task's success hook; needed without one)")
     p.add_argument("--out", default=None, help=f"output file (default RUN_DIR/{PROBE_FILE} or ./{PROBE_FILE})")
     add_config_args(p)
     p.set_defaults(func=cmd_probe)

@@ -72,22 +72,23 @@ def answer_tag(text: str, *, dotall: bool = True, trim: bool = False) -> str | N
     with or without ``re.DOTALL``, or ``None``; the result is not stripped (callers strip, as the anchors do).
 
     Without DOTALL a tag pair that spans a newline is not a match (the anchors' classification and CV-Bench rules);
-    ``trim`` lets whitespace — newlines included — sit next to the tags. Linear time (``re`` would rescan the rest of
-    the text once per ``<answer>`` when no close tag follows).
+    ``trim`` lets whitespace — newlines included — sit next to the tags. ``\\s`` is ``re``'s Unicode class (the
+    characters of ``str.isspace``: U+00A0, U+3000, U+2028, ``\\x1c``… but not U+200B), as in the anchors' regex.
+    Linear time (``re`` would rescan the rest of the text once per ``<answer>`` when no close tag follows).
     """
     text = _text(text)
     start = text.find("<answer>")
     while start >= 0:
         inner = start + 8
         if trim:
-            while inner < len(text) and text[inner] in _WS:
+            while inner < len(text) and text[inner].isspace():
                 inner += 1
         close = text.find("</answer>", inner)
         if close < 0:
             return None
         body = text[inner:close]
         if trim:
-            body = body.rstrip(_WS)
+            body = body.rstrip()  # str.rstrip() strips what re's \s matches
         if dotall or "\n" not in body:
             return body
         start = text.find("<answer>", start + 1)
@@ -224,13 +225,30 @@ _MAX_DIGITS = 9
 
 
 def paper_boxes(text: str) -> list[tuple[int, int, int, int]]:
-    """Every ``(x1,y1),(x2,y2)`` of non-negative integers in the text (the anchors' regex, in order). A number with
-    more than 9 digits makes that box unusable (the anchors would raise converting it); it is dropped."""
+    """Every ``(x1,y1),(x2,y2)`` of non-negative integers in the text (the anchors' regex, in order), for the
+    training reward. A box with a number of more than 9 digits is dropped. (The anchors' training reward converts
+    every box and scores 0 when a conversion raises — only numbers of more than 4,300 digits, or ≥ 1.8e311 once
+    divided by 1000, do; not reproduced here. The evaluation judge uses :func:`paper_first_box`, which is exact.)"""
     out = []
     for groups in _PAPER_BOX.findall(_text(text)):
         if all(len(g) <= _MAX_DIGITS for g in groups):
             out.append(tuple(int(g) for g in groups))
     return out
+
+
+def paper_first_box(text: str) -> tuple[int, int, int, int] | None:
+    """The anchors' LISA evaluation read (§5.4, ``Qwen2_VL_lisa_infere.py`` L120-122): the *first* match of
+    ``\\(\\s*(\\d+)\\s*,\\s*(\\d+)\\s*\\)\\s*,\\s*\\(\\s*(\\d+)\\s*,\\s*(\\d+)\\s*\\)`` (``\\d`` and ``\\s`` are Unicode: ``（`` no,
+    ``１２`` and U+00A0 yes), converted with ``int``. ``None`` when there is no match, or when ``int`` refuses one of
+    its numbers (more digits than ``sys.get_int_max_str_digits()``, 4300 by default) — the anchors' exception, IoU 0.
+    Zero-padded and long numbers are kept as they are (``0000000123`` is 123); a later box is never used instead."""
+    match = _PAPER_BOX.search(_text(text))
+    if match is None:
+        return None
+    try:
+        return tuple(int(g) for g in match.groups())  # type: ignore[return-value]
+    except ValueError:
+        return None
 
 
 def strict_boxes(text: str) -> list[Box]:
@@ -255,6 +273,18 @@ def box_iou(a: Sequence[float], b: Sequence[float], eps: float = 0.0) -> float:
     inter = box_area((max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])))
     union = box_area(a) + box_area(b) - inter + eps
     return inter / union if union > 0 else 0.0
+
+
+def paper_box_iou(pred: Sequence[float], gold: Sequence[float]) -> float:
+    """The anchors' LISA evaluation IoU (``compute_iou``, §5.4): ``I / (A + B − I + 1e-6)`` with the intersection
+    ``I`` clamped at 0 but the areas ``A = (x2 − x1)(y2 − y1)`` *not* clamped (an inverted box has a negative area,
+    or a positive one when inverted on both axes), evaluated in that order; 0.0 where the anchors raise (a zero
+    denominator). Equals :func:`box_iou` with ``eps=1e-6`` on valid boxes."""
+    inter = max(0, min(pred[2], gold[2]) - max(pred[0], gold[0])) * max(0, min(pred[3], gold[3]) - max(pred[1], gold[1]))
+    area_pred = (pred[2] - pred[0]) * (pred[3] - pred[1])
+    area_gold = (gold[2] - gold[0]) * (gold[3] - gold[1])
+    denominator = float(area_pred + area_gold - inter + 1e-6)
+    return inter / denominator if denominator != 0 else 0.0
 
 
 def box_giou(a: Sequence[float], b: Sequence[float]) -> float:

@@ -10,6 +10,12 @@ A task is any class with this shape (no base class needed)::
         rewards: Mapping[str, Callable[[str, Example], float]]       # named, pure, total reward functions
         def metrics(self, completion: str, example: Example) -> dict[str, float]: ...   # optional
         def aggregate(self, per_sample: list[dict[str, float]]) -> dict[str, float]: ...  # optional (mean)
+        def success(self, completion: str, example: Example, rewards: Mapping[str, float]) -> bool: ...  # optional
+
+``success`` is the task's *binary* notion of "this completion solved the prompt" (``rewards`` are the completion's
+named rewards and their ``total``). Per-prompt success records (``prompt_success.jsonl``) and the success
+diagnostics use it; a task without it records ``null`` there. A continuous reward (an IoU, GIoU + 1) is not a
+success by itself: such a task states its threshold.
 
 If the class is a dataclass, its fields are the task's options, set flat under ``task:`` in the config
 (``task.num_train=500``) and type-checked like every other field.
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -165,9 +172,21 @@ def first_items(items: Sequence[Example], limit: int | None) -> list[Example]:
     return list(items[:n])
 
 
+def task_success(task: Any, completion: str, example: Example, rewards: Mapping[str, float]) -> bool | None:
+    """The task's binary success of one completion, or None when the task declares no ``success``."""
+    fn = getattr(task, "success", None)
+    return None if fn is None else bool(fn(completion, example, rewards))
+
+
 def task_rewards(task: Any, completion: str, example: Example) -> dict[str, float]:
-    """Every named reward of ``task`` for one completion; ``total`` is their sum."""
+    """Every named reward of ``task`` for one completion; ``total`` is their sum. A reward that is not a finite
+    number is a bug in the task and raises (it would poison advantages and the update silently)."""
     scores = {name: float(fn(completion, example)) for name, fn in task.rewards.items()}
+    bad = {name: v for name, v in scores.items() if not math.isfinite(v)}
+    if bad:
+        raise ValueError(f"task {getattr(task, 'name', type(task).__name__)!r}: reward "
+                         + ", ".join(f"{k!r} returned {v}" for k, v in bad.items())
+                         + f" for example {example.id!r}; rewards must be finite numbers (fix the reward function)")
     scores["total"] = sum(scores.values())
     return scores
 
@@ -256,6 +275,11 @@ class JudgedTask:
             messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
         messages.append({"role": "user", "content": image_parts(example) + [{"type": "text", "text": example.question}]})
         return messages
+
+    def success(self, completion: str, example: Example, rewards: Mapping[str, float]) -> bool:
+        """Success = the task's judge, under the training rewards' protocol, calls the answer correct
+        (``correct >= 1``). Box tasks override this with an IoU threshold."""
+        return float(self.judge(completion, example, self.reward_protocol)["correct"]) >= 1.0
 
     def aggregate(self, per_sample: list[dict[str, Any]]) -> dict[str, float]:
         """``accuracy`` = mean of ``correct``; ``parse_failures`` = how many outputs had no readable answer."""

@@ -124,7 +124,7 @@ def add_parsers(sub, add_config_args) -> None:
     p.add_argument("run_dir")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/diagnose)")
     p.add_argument("--success-threshold", type=float, default=None,
-                   help="for a task without a success hook: count completions with total reward >= this as successes")
+                   help="count total reward >= this as success (instead of the task's success hook; needed without one)")
     p.set_defaults(func=cmd_diagnose)
 
     from mmgpg.probe import add_parser as add_probe_parser

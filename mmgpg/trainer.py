@@ -16,42 +16,25 @@ The phase names are the timer names (``time/rollout``, ``time/advantages``, ``ti
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mmgpg import algorithms, distributed
+from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 from mmgpg.config import Config, Resolved, save_config
 from mmgpg.data import PromptStream
-from mmgpg.policy import Policy, Rollout, load_policy_for, pad_completions
-from mmgpg.task import Example, build_task, first_items, task_rewards
-from mmgpg.utils import resolve_device, seed_everything
-
-
-@dataclass
-class Group:
-    """One prompt with its ``G`` completions and their rewards."""
-
-    example: Example
-    completion_ids: list[list[int]]
-    texts: list[str]
-    rewards: list[float]  # total reward per completion
-    components: dict[str, list[float]]
-    attempt: int = 0
-    zero_variance: bool = False
-    advantages: list[float] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(c) for c in self.completion_ids)
+from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
+from mmgpg.rollout import Group, Sampling, build_engine, collect_groups, sample_groups
+from mmgpg.task import build_task, first_items
+from mmgpg.utils import seed_everything
 
 
 @dataclass
@@ -59,8 +42,30 @@ class StepState:
     """Counters that survive a resume."""
 
     step: int = 0
-    skipped_steps: int = 0
+    skipped_steps: int = 0  # steps whose update had no informative group (and no KL term): no optimizer step
     optimizer_steps: int = 0
+    nonfinite_steps: int = 0  # optimizer steps skipped because the loss or gradient norm was NaN/Inf
+    nonfinite_streak: int = 0  # consecutive ones, for train.max_nonfinite_steps
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """The global (all-rank) counts of one step's update and what follows from them."""
+
+    num_samples: float  # B: samples in the update
+    num_zero_variance: float  # M: those in zero-variance groups
+    num_tokens: float  # completion tokens in the update
+    alpha: float | None  # B / (B - M) with algo.alpha_correction, 1.0 without; None when B == M (undefined)
+    denominator: float  # the aggregation's global denominator
+    skip: bool  # no informative sample and no KL term: the step has nothing to learn
+
+    @property
+    def valid_fraction(self) -> float:
+        return algorithms.valid_fraction(self.num_samples, self.num_zero_variance)
+
+
+class NonFiniteError(ValueError):
+    """Training produced NaN/Inf losses or gradients for more consecutive steps than train.max_nonfinite_steps."""
 
 
 class Trainer:
@@ -68,17 +73,10 @@ class Trainer:
         self.resolved = resolved
         self.cfg: Config = resolved.config
         cfg = self.cfg
-        device = resolve_device(cfg.device)
-        self.dist = distributed.setup(device.type)
-        if device.type == "cuda" and self.dist.enabled:
-            device = torch.device("cuda", self.dist.local_rank)
-            torch.cuda.set_device(device)
-        self.device = device
+        self.backend = build_backend(cfg.train.backend, cfg)  # device, process group, mixed precision
+        self.dist, self.device = self.backend.dist, self.backend.device
         self._check_layout()
         self.per_rank = cfg.train.prompts_per_step // self.dist.world_size
-        self.autocast = (torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-                         if device.type == "cuda" and torch.cuda.is_bf16_supported() and cfg.model.dtype == "auto"
-                         else contextlib.nullcontext())
 
         name = run_dir if run_dir is not None else cfg.output_dir or f"runs/train-{time.strftime('%Y%m%d-%H%M%S')}"
         self.run_dir = Path(distributed.broadcast_object(str(name)))
@@ -90,8 +88,7 @@ class Trainer:
         self.task = build_task(cfg.task.name, cfg.task.options)
         self.dataset = self.task.load(cfg.train.split)
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
-        # Weights in float32 when bf16 autocast is used (fp32 master weights); otherwise as model.dtype says.
-        dtype = "float32" if isinstance(self.autocast, torch.autocast) else cfg.model.dtype
+        dtype = self.backend.weights_dtype(cfg.model.dtype)
         source = str(checkpoint / "policy") if checkpoint else cfg.model.name_or_path
         self.policy = policy or self._load(source, dtype)
         self.reference = self._load(cfg.model.name_or_path, dtype) if cfg.algo.kl_coef > 0 else None
@@ -106,13 +103,13 @@ class Trainer:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:  # transformers 5.19
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.train.learning_rate, betas=tuple(cfg.train.adam_betas),
-                                           eps=cfg.train.adam_eps, weight_decay=cfg.train.weight_decay)
-        from transformers import get_scheduler
-
-        self.scheduler = get_scheduler(cfg.train.lr_scheduler, self.optimizer, num_warmup_steps=cfg.train.warmup_steps,
-                                       num_training_steps=cfg.train.max_steps * cfg.algo.updates_per_batch)
+        t = cfg.train
+        # The schedule has max_steps x updates_per_batch slots; a skipped step advances it too.
+        self.backend.prepare(model, OptimizerSettings(
+            t.learning_rate, t.weight_decay, tuple(t.adam_betas), t.adam_eps, t.max_grad_norm, t.lr_scheduler,
+            t.warmup_steps, total_steps=t.max_steps * cfg.algo.updates_per_batch))
+        self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
+        self.sampling = Sampling.from_config(cfg.rollout)
         if checkpoint is not None:
             self._resume(checkpoint)
         if self.dist.is_main:
@@ -158,156 +155,158 @@ class Trainer:
 
     def _resume(self, checkpoint: Path) -> None:
         state, rng = load_trainer_state(checkpoint)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.backend.load_state_dict(state)
         self.stream.load_state_dict(state["stream"])
         self.state = StepState(**state["counters"])
         set_rng_state(rng)  # last: loading models above consumed random numbers
         if self.dist.is_main:
             for name in ("metrics.jsonl", "prompt_success.jsonl"):
                 _truncate_jsonl(self.run_dir / name, self.state.step)
-        self.resumed_from = checkpoint
 
     # ---- phase 1: rollout -----------------------------------------------------------------------------------------
 
     def rollout(self) -> tuple[list[Group], dict[str, float], list[Group]]:
         """Sample until the update's valid fraction reaches β_th (or the attempt cap); return
-        ``(update groups, rollout metrics, every group generated)``."""
-        cfg, r = self.cfg, self.cfg.rollout
-        valid: list[Group] = []
-        zero: list[Group] = []
-        generated: list[Group] = []
-        attempts = 0
-        total = cfg.train.prompts_per_step
-        while True:
-            indices = self.stream.next(self.per_rank)
-            examples = [self.dataset[i] for i in indices]
-            batch = self.policy.encode_prompts([self.task.prompt(ex) for ex in examples])
-            with self.autocast:
-                out = self.policy.generate(batch, r.group_size, max_new_tokens=r.max_new_tokens,
-                                           temperature=r.temperature, top_p=r.top_p, top_k=r.top_k)
-            for p, ex in enumerate(examples):
-                group = self._score(ex, out, p, attempts)
-                generated.append(group)
-                (zero if group.zero_variance else valid).append(group)
-            attempts += 1
-            in_update = min(len(valid), self.per_rank)
-            (global_valid,) = distributed.all_sum([in_update])
-            if attempts >= cfg.algo.max_resample_attempts or not algorithms.needs_more_groups(
-                    total, total - global_valid, cfg.algo.min_valid_fraction):
-                break
-        update = valid[: self.per_rank]
-        update += zero[: self.per_rank - len(update)]
-        stats = {"rollout/resample_attempts": float(attempts),
-                 "rollout/dropped_valid_groups": float(max(len(valid) - self.per_rank, 0))}
-        return update, stats, generated
+        ``(update groups, rollout metrics, every group generated)`` (:func:`mmgpg.rollout.collect_groups`)."""
+        a = self.cfg.algo
+        update, generated, stats = collect_groups(self._sample_groups, self.per_rank,
+                                                  min_valid_fraction=a.min_valid_fraction,
+                                                  max_attempts=a.max_resample_attempts,
+                                                  comm_device=self.backend.comm_device)
+        return update, stats.metrics(), generated
 
-    def _score(self, example: Example, out: Rollout, p: int, attempt: int) -> Group:
-        G = out.group_size
-        ids, texts, rewards = [], [], []
-        components: dict[str, list[float]] = {}
-        for g in range(G):
-            row = p * G + g
-            n = int(out.completion_mask[row].sum())
-            ids.append(out.completion_ids[row, :n].tolist())
-            texts.append(out.texts[row])
-            scores = task_rewards(self.task, out.texts[row], example)
-            rewards.append(scores.pop("total"))
-            for k, v in scores.items():
-                components.setdefault(k, []).append(v)
-        t = torch.tensor([rewards], dtype=torch.float64)
-        zero = bool(algorithms.zero_variance_mask(t, self.cfg.algo.zero_variance_tol)[0])
-        return Group(example, ids, texts, rewards, components, attempt, zero)
+    def _sample_groups(self, attempt: int) -> list[Group]:
+        """One attempt: the next ``per_rank`` prompts of the stream, ``group_size`` completions each, scored."""
+        examples = [self.dataset[i] for i in self.stream.next(self.per_rank)]
+        return sample_groups(self.engine, self.task, examples, self.cfg.rollout.group_size, self.sampling,
+                             attempt=attempt, zero_variance_tol=self.cfg.algo.zero_variance_tol)
 
     # ---- phase 2: advantages --------------------------------------------------------------------------------------
 
-    def advantages(self, groups: list[Group]) -> dict[str, float]:
-        """Per-group advantages, then the global counts B, M, tokens → α and the aggregation denominator."""
+    def advantages(self, groups: list[Group]) -> StepCounts:
+        """Advantages of the update's groups (one call on the stacked ``[P, G]`` rewards), then the global counts
+        B, M and tokens → α and the aggregation denominator."""
         a, G = self.cfg.algo, self.cfg.rollout.group_size
-        fn = algorithms.ADVANTAGES[a.advantage]
-        for g in groups:
-            g.advantages = fn(torch.tensor([g.rewards], dtype=torch.float64), a.std_eps)[0].tolist()
+        if groups:
+            rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
+            for g, adv in zip(groups, algorithms.ADVANTAGES[a.advantage](rewards, a.std_eps).tolist()):
+                g.advantages = adv
         local = [len(groups) * G, sum(G for g in groups if g.zero_variance), sum(g.num_tokens for g in groups)]
-        num_samples, num_zero, num_tokens = distributed.all_sum(local, self._comm_device)
-        informative = num_samples - num_zero
-        skip = informative <= 0 and a.kl_coef == 0
-        alpha = algorithms.gpg_alpha(num_samples, num_zero) if a.alpha_correction and informative > 0 else 1.0
+        num_samples, num_zero, num_tokens = distributed.all_sum(local, self.backend.comm_device)
+        informative = num_samples - num_zero > 0
+        alpha = (algorithms.gpg_alpha(num_samples, num_zero) if a.alpha_correction else 1.0) if informative else None
         denominator = algorithms.aggregation_denominator(a.aggregation, int(num_samples), int(num_tokens),
                                                          self.cfg.rollout.max_new_tokens)
-        return {"num_samples": num_samples, "num_zero_variance": num_zero, "num_tokens": num_tokens,
-                "alpha": alpha, "denominator": denominator, "skip": float(skip),
-                "valid_fraction": algorithms.valid_fraction(num_samples, num_zero)}
-
-    @property
-    def _comm_device(self) -> torch.device:
-        # nccl reduces CUDA tensors only; gloo works on CPU tensors.
-        return self.device if self.device.type == "cuda" else torch.device("cpu")
+        return StepCounts(num_samples, num_zero, num_tokens, alpha, denominator,
+                          skip=not informative and a.kl_coef == 0)
 
     # ---- phase 3: update ------------------------------------------------------------------------------------------
 
-    def _collate(self, groups: list[Group]) -> Rollout:
-        batch = self.policy.encode_prompts([self.task.prompt(g.example) for g in groups])
+    def _collate(self, groups: list[Group]) -> CompletionBatch:
+        """The groups' prompts (reused from the rollout's encoding when the engine made one) and completions."""
+        if all(g.prompts is not None for g in groups):
+            batch = gather_prompts([(g.prompts, g.prompt_index) for g in groups], self.policy.pad_token_id)
+        else:
+            batch = self.policy.encode_prompts([self.task.prompt(g.example) for g in groups])
         ids, mask = pad_completions([ids for g in groups for ids in g.completion_ids], self.policy.pad_token_id)
-        return Rollout(batch, self.cfg.rollout.group_size, ids, mask)
+        return CompletionBatch(batch, self.cfg.rollout.group_size, ids, mask)
 
-    def _logprobs(self, policy: Policy, rollout: Rollout) -> torch.Tensor:
+    def _logprobs(self, policy: Policy, rollout: CompletionBatch) -> torch.Tensor:
         m, r = self.cfg.model, self.cfg.rollout
-        with self.autocast:
-            return policy.completion_logprobs(rollout, chunk_size=m.logprob_chunk_size,
-                                              temperature=r.temperature if r.temperature > 0 else 1.0,
+        with self.backend.autocast():
+            return policy.completion_logprobs(rollout, chunk_size=m.logprob_chunk_size, temperature=r.temperature,
                                               encode_images_once=m.encode_images_once)
 
-    def update(self, groups: list[Group], counts: dict[str, float]) -> dict[str, float]:
-        """Backward over this rank's forwarded groups, sum gradients over ranks, clip, step."""
-        cfg, a = self.cfg, self.cfg.algo
-        if counts["skip"]:
-            self.state.skipped_steps += 1
-            return {"loss/policy": 0.0, "loss/kl": 0.0, "grad_norm": 0.0}
-        forwarded = groups if a.kl_coef > 0 else [g for g in groups if not g.zero_variance]
-        mb = cfg.train.micro_batch_prompts
-        micro = [self._collate(forwarded[i : i + mb]) for i in range(0, len(forwarded), mb)]
-        advs = [torch.tensor([x for g in forwarded[i : i + mb] for x in g.advantages], dtype=torch.float32)
-                for i in range(0, len(forwarded), mb)]
-        old, ref = [None] * len(micro), [None] * len(micro)
-        with torch.no_grad():
-            if a.updates_per_batch > 1:  # the ratio can differ from 1 only then
-                old = [self._logprobs(self.policy, r) for r in micro]
-            if self.reference is not None:
-                ref = [self._logprobs(self.reference, r) for r in micro]
+    def _micro_batches(self, groups: list[Group]) -> list[tuple[CompletionBatch, torch.Tensor]]:
+        """The forwarded groups (zero-variance ones only when a KL term needs them) as micro-batches of
+        ``train.micro_batch_prompts`` prompt groups, each with its advantages ``[rows]``."""
+        forwarded = groups if self.cfg.algo.kl_coef > 0 else [g for g in groups if not g.zero_variance]
+        mb = self.cfg.train.micro_batch_prompts
+        chunks = [forwarded[i : i + mb] for i in range(0, len(forwarded), mb)]
+        return [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32))
+                for c in chunks]
+
+    def _backward(self, micro, counts: StepCounts, old, ref) -> tuple[float, float]:
+        """Backward of this rank's micro-batches (loss = (α · Σ policy + kl_coef · Σ KL) / global denominator), then
+        the gradients summed over ranks. Returns this rank's (policy, KL) loss parts."""
+        a = self.cfg.algo
         token_loss = algorithms.TOKEN_LOSSES[a.token_loss]
-        alpha, den = counts["alpha"], counts["denominator"]
-        model = self.policy.model
-        model.train()
+        alpha = counts.alpha if counts.alpha is not None else 1.0  # B == M: the policy term is 0 anyway
         policy_total = kl_total = 0.0
-        grad_norm = 0.0
-        for _ in range(a.updates_per_batch):
-            policy_total = kl_total = 0.0
-            for r, adv, old_lp, ref_lp in zip(micro, advs, old, ref):
-                logp = self._logprobs(self.policy, r)
-                adv = adv.to(logp.device)
-                mask = r.completion_mask.to(logp.device)
-                policy_sum = algorithms.token_loss_sum(
-                    token_loss(logp, adv, old_lp, a.clip_eps), mask, a.aggregation)
-                loss = alpha * policy_sum / den
-                policy_total += float(loss.detach())
-                if ref_lp is not None:
-                    kl_term = a.kl_coef * algorithms.token_loss_sum(
-                        algorithms.KL_ESTIMATORS[a.kl_estimator](logp, ref_lp), mask, a.aggregation) / den
-                    loss = loss + kl_term
-                    kl_total += float(kl_term.detach())
-                loss.backward()
-            distributed.sum_gradients(self.params)
-            if cfg.train.max_grad_norm > 0:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.train.max_grad_norm))
-            else:
-                grad_norm = float(torch.linalg.vector_norm(torch.stack(
-                    [p.grad.norm() for p in self.params if p.grad is not None])) if self.params else 0.0)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        for (r, adv), old_lp, ref_lp in zip(micro, old, ref):
+            logp = self._logprobs(self.policy, r)
+            adv = adv.to(logp.device)
+            mask = r.completion_mask.to(logp.device)
+            loss = alpha * algorithms.token_loss_sum(token_loss(logp, adv, old_lp, a.clip_eps), mask,
+                                                     a.aggregation) / counts.denominator
+            policy_total += float(loss.detach())
+            if ref_lp is not None:
+                kl_term = a.kl_coef * algorithms.token_loss_sum(algorithms.KL_ESTIMATORS[a.kl_estimator](logp, ref_lp),
+                                                                mask, a.aggregation) / counts.denominator
+                loss = loss + kl_term
+                kl_total += float(kl_term.detach())
+            self.backend.backward(loss)
+        self.backend.reduce_gradients()
+        return policy_total, kl_total
+
+    def _fixed_logprobs(self, micro) -> tuple[list, list]:
+        """Old log-probs (only when updates_per_batch > 1: otherwise the ratio is exactly 1) and reference ones."""
+        n = len(micro)
+        old, ref = [None] * n, [None] * n
+        with torch.no_grad():
+            if self.cfg.algo.updates_per_batch > 1:
+                old = [self._logprobs(self.policy, r) for r, _ in micro]
+            if self.reference is not None:
+                ref = [self._logprobs(self.reference, r) for r, _ in micro]
+        return old, ref
+
+    def compute_gradients(self, groups: list[Group], counts: StepCounts) -> tuple[float, float]:
+        """The step's exact gradient, summed over ranks, left in ``p.grad`` without clipping or stepping (the first
+        of ``updates_per_batch`` iterations). For tests and diagnostics; :meth:`update` is the training path."""
+        micro = self._micro_batches(groups)
+        self.policy.model.train()
+        try:
+            return self._backward(micro, counts, *self._fixed_logprobs(micro))
+        finally:
+            self.policy.model.eval()
+
+    def _optimizer_step(self) -> float:
+        """The backend's step (skipped and counted when the gradient norm is NaN/Inf; the schedule advances either
+        way); too many non-finite steps in a row stop training. Returns the global gradient norm before clipping."""
+        t = self.cfg.train
+        result = self.backend.step()
+        if result.stepped:
             self.state.optimizer_steps += 1
-        model.eval()
-        policy_total, kl_total = distributed.all_sum([policy_total, kl_total], self._comm_device)
+            self.state.nonfinite_streak = 0
+            return result.grad_norm
+        self.state.nonfinite_steps += 1
+        self.state.nonfinite_streak += 1
+        if self.state.nonfinite_streak > t.max_nonfinite_steps:
+            raise NonFiniteError(
+                f"the gradient norm was {result.grad_norm} for {self.state.nonfinite_streak} consecutive optimizer "
+                f"steps (step {self.state.step + 1}; train.max_nonfinite_steps={t.max_nonfinite_steps}): training "
+                "diverged or overflowed. Lower train.learning_rate, check algo.std_eps, use model.dtype=float32, "
+                "or resume from an earlier checkpoint.")
+        return result.grad_norm
+
+    def update(self, groups: list[Group], counts: StepCounts) -> dict[str, float]:
+        """Backward over this rank's forwarded groups, sum gradients over ranks, clip, step."""
+        a = self.cfg.algo
+        if counts.skip:
+            self.state.skipped_steps += 1
+            for _ in range(a.updates_per_batch):
+                self.backend.advance_schedule()
+            return {"loss/policy": 0.0, "loss/kl": 0.0, "grad_norm": 0.0}
+        micro = self._micro_batches(groups)
+        old, ref = self._fixed_logprobs(micro)
+        self.policy.model.train()
+        policy_total = kl_total = grad_norm = 0.0
+        for _ in range(a.updates_per_batch):
+            policy_total, kl_total = self._backward(micro, counts, old, ref)
+            grad_norm = self._optimizer_step()
+        self.engine.sync_weights()
+        self.policy.model.eval()
+        policy_total, kl_total = distributed.all_sum([policy_total, kl_total], self.backend.comm_device)
         return {"loss/policy": policy_total, "loss/kl": kl_total, "grad_norm": grad_norm}
 
     # ---- one step -------------------------------------------------------------------------------------------------
@@ -329,23 +328,23 @@ class Trainer:
         self._write_success_records(generated)
         return metrics
 
-    def _metrics(self, generated: list[Group], counts, rollout_stats, update_stats, timings) -> dict[str, Any]:
+    def _metrics(self, generated: list[Group], counts: StepCounts, rollout_stats, update_stats, timings) -> dict[str, Any]:
         G = self.cfg.rollout.group_size
         names = sorted(generated[0].components) if generated else []
         local = [float(len(generated) * G), sum(sum(g.rewards) for g in generated),
                  float(sum(g.num_tokens for g in generated)),
                  float(sum(len(c) == self.cfg.rollout.max_new_tokens for g in generated for c in g.completion_ids))]
         local += [sum(sum(g.components[n]) for g in generated) for n in names]
-        summed = distributed.all_sum(local, self._comm_device)
+        summed = distributed.all_sum(local, self.backend.comm_device)
         n = max(summed[0], 1.0)
         metrics: dict[str, Any] = {"step": self.state.step, "reward/total": summed[1] / n}
         metrics.update({f"reward/{name}": summed[4 + i] / n for i, name in enumerate(names)})
         metrics.update({
-            "gpg/alpha": counts["alpha"], "gpg/valid_fraction": counts["valid_fraction"],
-            "gpg/skipped_steps": self.state.skipped_steps, "gpg/num_samples": counts["num_samples"],
-            "gpg/num_zero_variance": counts["num_zero_variance"],
+            "gpg/alpha": counts.alpha, "gpg/valid_fraction": counts.valid_fraction,
+            "gpg/skipped_steps": self.state.skipped_steps, "gpg/num_samples": counts.num_samples,
+            "gpg/num_zero_variance": counts.num_zero_variance, "train/nonfinite_steps": self.state.nonfinite_steps,
             "rollout/completion_tokens": summed[2] / n, "rollout/truncated_fraction": summed[3] / n,
-            **rollout_stats, **update_stats, "lr": self.scheduler.get_last_lr()[0], **timings,
+            **rollout_stats, **update_stats, "lr": self.backend.learning_rate(), **timings,
             "throughput/completion_tokens_per_s": summed[2] / max(timings["time/step"], 1e-9),
         })
         return metrics
@@ -382,10 +381,13 @@ class Trainer:
             self.wandb.log(metrics, step=step)
 
     def _write_success_records(self, generated: list[Group]) -> None:
-        key = self.cfg.train.success_reward
+        """One record per generated group (every rank, every attempt) in prompt_success.jsonl: whether it entered
+        the update, its attempt, its rewards and the task's binary success per completion (null when the task
+        declares no success)."""
         records = [{"step": self.state.step, "prompt_id": g.example.id, "attempt": g.attempt, "rank": self.dist.rank,
-                    "successes": sum(1 for v in g.components.get(key, g.rewards) if v >= 1.0),
-                    "group_size": len(g.rewards)} for g in generated]
+                    "group_size": len(g.rewards), "in_update": g.in_update, "zero_variance": g.zero_variance,
+                    "rewards": g.rewards, "success": None if g.success is None else [int(x) for x in g.success],
+                    "successes": None if g.success is None else sum(g.success)} for g in generated]
         everyone = distributed.gather_objects(records)
         if self.dist.is_main:
             with open(self.run_dir / "prompt_success.jsonl", "a") as f:
@@ -402,19 +404,18 @@ class Trainer:
             t, r = self.cfg.train, self.cfg.rollout
             examples = first_items(self.task.load(t.eval_split), t.eval_limit)
             # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
-            with self.autocast, torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                scores, _ = evaluate(self.policy, self.task, examples, max_new_tokens=r.max_new_tokens)
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                scores, _ = evaluate(self.engine, self.task, examples, max_new_tokens=r.max_new_tokens)
                 metrics = {f"eval/{k}": v for k, v in scores.items()}
                 if t.eval_samples:
                     torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
-                    sampled = sampled_scores(self.policy, self.task, examples, samples=t.eval_samples,
-                                             temperature=r.temperature or 1.0, max_new_tokens=r.max_new_tokens)
+                    sampled = sampled_scores(self.engine, self.task, examples, samples=t.eval_samples,
+                                             temperature=r.temperature, max_new_tokens=r.max_new_tokens)
                     metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
         return distributed.broadcast_object(metrics)
 
     def save(self) -> Path:
-        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                 "stream": self.stream.state_dict(), "counters": vars(self.state).copy()}
+        state = {**self.backend.state_dict(), "stream": self.stream.state_dict(), "counters": vars(self.state).copy()}
         return save_checkpoint(self.run_dir, self.state.step, self.policy, state, self.cfg.train.keep_last)
 
     def _request_stop(self, signum, frame) -> None:
@@ -441,7 +442,7 @@ class Trainer:
                 self._log(metrics)
                 progress.update(metrics)
                 last = self.state.step >= cfg.train.max_steps
-                stop = distributed.all_max(float(self._stop_requested), self._comm_device) > 0
+                stop = distributed.all_max(float(self._stop_requested), self.backend.comm_device) > 0
                 if last or stop or (cfg.train.save_every and self.state.step % cfg.train.save_every == 0):
                     self.save()
                 if stop:
@@ -483,7 +484,8 @@ class _Progress:
     def update(self, m: dict[str, Any]) -> None:
         if self.bar is None:
             return
-        info = (f"reward {m['reward/total']:.3f}  valid {m['gpg/valid_fraction']:.2f}  α {m['gpg/alpha']:.2f}  "
+        alpha = "-" if m["gpg/alpha"] is None else f"{m['gpg/alpha']:.2f}"
+        info = (f"reward {m['reward/total']:.3f}  valid {m['gpg/valid_fraction']:.2f}  α {alpha}  "
                 f"{m['time/step']:.2f} s/step")
         self.bar.update(self.task, completed=m["step"], info=info)
 

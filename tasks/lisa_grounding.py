@@ -78,10 +78,16 @@ class LisaGroundingTask(JudgedTask):
     """Largest image area the model sees (the anchors' 512*28*28)."""
     sam_checkpoint: str = ""
     """A SAM checkpoint directory for mask gIoU at evaluation (empty: box metrics only)."""
+    success_iou: float = 0.5
+    """A completion is a binary *success* (prompt_success.jsonl, success diagnostics) when its box IoU with the gold
+    box is at least this. The reward (GIoU-based) is continuous and is not a success by itself; 0.5 is the usual
+    detection threshold (an mmgpg choice: the anchors define no binary success)."""
 
     def __post_init__(self):
         if self.box_format not in ("qwen2_vl", "qwen2_5_vl"):
             raise ValueError(f"box_format must be qwen2_vl or qwen2_5_vl; got {self.box_format!r}")
+        if not 0 < self.success_iou <= 1:
+            raise ValueError(f"success_iou must be in (0, 1]; got {self.success_iou!r}")
         super().__post_init__()
         self._cache: dict[str, list[tuple[Path, int]]] = {}
 
@@ -147,6 +153,10 @@ class LisaGroundingTask(JudgedTask):
         if protocol == "paper":
             return paper_box_reward(completion, example.meta["answer_text"])
         return strict_box_reward(completion, self._gold_units(example))
+
+    def success(self, completion: str, example: Example, rewards) -> bool:
+        """Box IoU (the judge under the reward protocol) >= ``success_iou``."""
+        return float(self.judge(completion, example, self.reward_protocol)["correct"]) >= self.success_iou
 
     def judge(self, completion: str, example: Example, protocol: str) -> dict:
         w, h = example.meta["width"], example.meta["height"]

@@ -121,6 +121,11 @@ class ScenesTask(JudgedTask):
         size = (example.meta["width"], example.meta["height"])
         return box_judge(completion, example.answer, size, protocol, scale=(1000.0, 1000.0))
 
+    def success(self, completion: str, example: Example, rewards) -> bool:
+        """The judge's decision; for ``grounding`` (whose judge returns the IoU), IoU >= 0.5."""
+        correct = float(self.judge(completion, example, self.reward_protocol)["correct"])
+        return correct >= (0.5 if self.kind == "grounding" else 1.0)
+
     def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
         if self.kind == "grounding":
             if protocol == "paper":

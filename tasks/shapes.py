@@ -138,6 +138,10 @@ class ShapesTask:
         return Example(id=str(record.get("id", "")), images=[], question=str(record.get("question", QUESTION)),
                        answer=parse_int(str(record["ground_truth"])))
 
+    def success(self, completion: str, example: Example, rewards) -> bool:
+        """The accuracy reward is 1 (the right count; for shapes_parity, an even-length completion)."""
+        return rewards["accuracy"] >= 1.0
+
     def gold_completion(self, example: Example) -> str:
         """The answer in the task's output format (used by SFT and pre-flight checks)."""
         return f"<think>I count {example.answer} shapes.</think><answer>{example.answer}</answer>"

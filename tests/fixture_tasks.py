@@ -23,3 +23,27 @@ class HalfSolvedShapes(ShapesTask):
     def __post_init__(self):
         super().__post_init__()
         self.rewards = {"accuracy": lambda c, ex: 1.0 if int(ex.id.rsplit("-", 1)[1]) % 2 == 0 else float(len(c) % 2 == 0)}
+
+
+@dataclass
+class SolvedShapes(ShapesTask):
+    """Every completion scores 1: every group has zero variance, so GPG skips every step."""
+
+    name: ClassVar[str] = "solved_shapes"
+    version: ClassVar[str] = "test"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.rewards = {"accuracy": lambda c, ex: 1.0}
+
+
+@dataclass
+class NaNRewardShapes(ShapesTask):
+    """A buggy task whose reward is NaN for odd-length completions."""
+
+    name: ClassVar[str] = "nan_reward_shapes"
+    version: ClassVar[str] = "test"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.rewards = {"accuracy": lambda c, ex: float("nan") if len(c) % 2 else 1.0}

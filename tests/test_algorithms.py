@@ -41,6 +41,14 @@ def test_issue_example_advantages_mask_alpha():
     assert needs_more_groups(8, 8, 0.0) is False  # beta_th = 0 never resamples
 
 
+def test_alpha_is_b_over_b_minus_m_in_an_asymmetric_case():
+    # B = 12, M = 3: alpha = 12 / (12 - 3) = 4/3 = 1.3333; B/M would give 4 and (B-M)/B 0.75 (the B = 2M case
+    # above cannot tell B/(B-M) from B/M: both are 2).
+    assert gpg_alpha(12, 3) == pytest.approx(4 / 3, abs=1e-15)
+    assert valid_fraction(12, 3) == 0.75
+    assert gpg_alpha(12, 0) == 1.0  # no zero-variance group: no correction
+
+
 def test_zscore_uses_unbiased_std_plus_eps():
     # group 0: std (n-1) = sqrt(((0.5^2) * 4) / 3) = sqrt(1/3) = 0.577350; A = +-0.5 / (0.577350 + 1e-4)
     a = group_zscore_advantages(R, std_eps=1e-4)
@@ -110,15 +118,23 @@ def test_aggregations_hand_computed():
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 1), min_size=4, max_size=4), min_size=1, max_size=6))
 def test_micro_batch_sums_add_up_to_the_global_loss(rows):
-    """Splitting rows into micro-batches and dividing each partial sum by the global denominator changes nothing."""
+    """Micro-batch numerators over the global denominator equal the aggregation computed independently with plain
+    Python loops over rows and tokens."""
     g = torch.Generator().manual_seed(len(rows))
-    loss = torch.randn(len(rows), 4, generator=g)
+    loss = torch.randn(len(rows), 4, generator=g, dtype=torch.float64)
     mask = torch.tensor(rows, dtype=torch.bool)
-    for mode in ("token_mean", "seq_mean_token_mean", "constant_length"):
-        whole = aggregate_tokens(loss, mask, mode)
+    values = [[float(loss[i, t]) for t in range(4) if rows[i][t]] for i in range(len(rows))]
+    tokens = sum(len(v) for v in values)
+    expected = {
+        "token_mean": sum(sum(v) for v in values) / max(tokens, 1),
+        "seq_mean_token_mean": sum(sum(v) / len(v) for v in values if v) / len(rows),
+        "constant_length": sum(sum(v) for v in values) / (len(rows) * 4),
+    }
+    for mode, want in expected.items():
         den = aggregation_denominator(mode, len(rows), int(mask.sum()), 4)
         parts = sum(token_loss_sum(loss[i : i + 1], mask[i : i + 1], mode) for i in range(len(rows))) / den
-        assert parts.item() == pytest.approx(whole.item(), abs=1e-5)
+        assert parts.item() == pytest.approx(want, abs=1e-12)
+        assert aggregate_tokens(loss, mask, mode).item() == pytest.approx(want, abs=1e-12)
 
 
 def test_gpg_gradient_on_a_toy_softmax_policy_is_the_analytic_reinforce_gradient():

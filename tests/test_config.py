@@ -131,3 +131,43 @@ def test_yaml_with_docs_comments_every_field():
     assert "# Items in the train split." not in text  # options only shown when set
     text = to_yaml(resolve(["task.num_train=3"]).config, with_docs=True)
     assert "# Items in the train split." in text
+
+
+def _float_keys(cls, prefix=""):
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from _float_keys(tp, prefix + f.name + ".")
+        elif tp is float:
+            yield prefix + f.name
+
+
+@pytest.mark.parametrize("value", ["nan", ".nan", "inf", "-.inf"])
+def test_every_float_field_must_be_finite(value):
+    from mmgpg.config import Config, ConfigError, resolve
+
+    keys = list(_float_keys(Config))
+    assert {"train.learning_rate", "rollout.temperature", "algo.std_eps", "algo.clip_eps", "algo.kl_coef",
+            "train.max_grad_norm", "sft.learning_rate"} <= set(keys)
+    for key in keys:
+        with pytest.raises(ConfigError) as info:
+            resolve([f"{key}={value}"])
+        assert [p.key for p in info.value.problems] == [key], key
+        assert "finite" in str(info.value)
+    with pytest.raises(ConfigError, match="train.adam_betas"):
+        resolve(["train.adam_betas=[0.9, .nan]"])
+    with pytest.raises(ConfigError, match="task.success_iou"):  # task options too
+        resolve(["task=lisa_grounding", "task.success_iou=.nan"])
+
+
+def test_temperature_zero_is_a_config_error_naming_the_key():
+    from mmgpg.config import ConfigError, resolve
+
+    with pytest.raises(ConfigError) as info:
+        resolve(["rollout.temperature=0"])
+    assert [p.key for p in info.value.problems] == ["rollout.temperature"]
+    assert "zero variance" in str(info.value)

@@ -124,10 +124,10 @@ def test_sampler_distribution_is_the_scored_distribution(tiny_dirs, tmp_path):
                                 output_scores=True, return_dict_in_generate=True, **kwargs)
     comp = out.sequences[:, batch.input_ids.shape[1]:]
     scores = torch.stack(out.scores, 1).log_softmax(-1)  # processed: temperature only
-    from mmgpg.policy import Rollout, completion_mask
+    from mmgpg.policy import CompletionBatch, completion_mask
 
     mask = completion_mask(comp, policy.eos_token_ids)
-    rollout = Rollout(batch, 2, comp, mask)
+    rollout = CompletionBatch(batch, 2, comp, mask)
     with torch.no_grad():
         logp = policy.completion_logprobs(rollout, temperature=0.7)
     sampled = scores.gather(-1, comp[..., None]).squeeze(-1)

@@ -32,7 +32,8 @@ from mmgpg.rewards import (
 )
 
 # Strings built from the pieces that matter to the tag rules, so random draws hit the interesting cases.
-PIECES = st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", "\n", " ", "a", "3", "<", ">", "/", "(A)"])
+PIECES = st.sampled_from(["<think>", "</think>", "<answer>", "</answer>", "\n", " ", "a", "3", "<", ">", "/", "(A)",
+                         "\u00a0", "\u3000", "\u2028", "\x1c", "\u200b"])
 TAGGY = st.lists(PIECES, max_size=14).map("".join)
 
 

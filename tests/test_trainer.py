@@ -48,11 +48,18 @@ def test_train_cli_runs_each_algorithm(tmp_path, algo):
             m["gpg/num_samples"] / (m["gpg/num_samples"] - m["gpg/num_zero_variance"])
             if algo == "gpg" and m["gpg/num_zero_variance"] < m["gpg/num_samples"] else 1.0)
     if algo == "grpo":
-        assert any(m["loss/kl"] != 0 for m in metrics[1:]) or metrics[0]["loss/kl"] == 0  # KL is 0 before the 1st update
+        # The policy equals the reference before the first update: k3 is exactly 0. After an update it is not.
+        assert metrics[0]["loss/kl"] == 0.0 and metrics[0]["grad_norm"] > 0
+        assert metrics[1]["loss/kl"] > 0
     assert (run / "checkpoints" / "step-00000002" / "policy" / "model.safetensors").exists()
     assert list((run / "tensorboard").iterdir())
     records = [json.loads(x) for x in (run / "prompt_success.jsonl").read_text().splitlines()]
-    assert {r["step"] for r in records} == {1, 2} and all(0 <= r["successes"] <= 4 for r in records)
+    assert {r["step"] for r in records} == {1, 2}
+    for r in records:  # ParityShapes: success = an even-length completion = accuracy reward 1 (its only reward)
+        assert r["success"] == [int(x >= 1) for x in r["rewards"]] and r["successes"] == sum(r["success"])
+        assert r["zero_variance"] == (len(set(r["rewards"])) == 1) and r["group_size"] == 4
+    for step in (1, 2):
+        assert sum(r["in_update"] for r in records if r["step"] == step) == 4  # prompts_per_step
     # the saved policy is a plain HF directory
     from transformers import AutoModelForImageTextToText
 
@@ -88,7 +95,7 @@ def test_frozen_vision_tower_really_stays_frozen(tmp_path):
     assert vision and all(torch.equal(before[n], after[n]) for n in vision)
     assert all(after[n].grad is None for n in vision)
     assert any(not torch.equal(before[n], after[n]) for n in before if n not in vision)
-    assert all(not any(p is q for q in trainer.params) for n, p in after.items() if n in vision)
+    assert all(not any(p is q for q in trainer.backend.params) for n, p in after.items() if n in vision)
 
 
 def _final_params(run: Path, step: int) -> dict[str, torch.Tensor]:
@@ -176,3 +183,82 @@ def test_trainer_layout_problems_are_collected(tmp_path):
     keys = [p.key for p in info.value.problems]
     assert "rollout.group_size" in keys
     assert ("train.wandb" in keys) == (importlib.util.find_spec("wandb") is None)
+
+
+def test_all_zero_variance_steps_are_skipped_but_advance_the_schedule(tmp_path):
+    """Every group has zero variance: no optimizer step, α logged as null (undefined), and the linear schedule
+    still reaches 0 at train.max_steps (a skipped step counts toward max_steps and advances the schedule)."""
+    cfg = resolve([f"task={FIXTURES}:SolvedShapes", *TINY, "train.max_steps=3", "train.lr_scheduler=linear",
+                   "algo.min_valid_fraction=0", f"output_dir={tmp_path / 's'}"])
+    trainer = Trainer(cfg)
+    before = {n: p.detach().clone() for n, p in trainer.policy.model.named_parameters()}
+    trainer.train()
+    metrics = read_metrics(tmp_path / "s")
+    assert [m["gpg/alpha"] for m in metrics] == [None, None, None]
+    assert [m["gpg/skipped_steps"] for m in metrics] == [1, 2, 3]
+    assert [m["lr"] for m in metrics] == pytest.approx([1e-3 * 2 / 3, 1e-3 / 3, 0.0])
+    assert trainer.state.optimizer_steps == 0
+    assert all(torch.equal(before[n], p) for n, p in trainer.policy.model.named_parameters())
+
+
+def test_updates_per_batch_2_ratio_is_1_then_clips(tiny_dirs, tmp_path, monkeypatch):
+    """GRPO's μ = 2: the first iteration's ratio is exactly 1 (old log-probs = current ones), the second sees moved
+    weights, and at a small clip_eps the clip engages (the clipped surrogate differs from ratio · A)."""
+    from gradient_reference import make_groups, make_trainer
+
+    from mmgpg import algorithms
+
+    seen = []
+    real = algorithms.TOKEN_LOSSES["clipped_ratio"]
+
+    def spy(logp, adv, old_logp=None, clip_eps=0.2):
+        seen.append((logp.detach().clone(), old_logp.clone(), adv.clone()))
+        return real(logp, adv, old_logp, clip_eps)
+
+    monkeypatch.setitem(algorithms.TOKEN_LOSSES, "clipped_ratio", spy)
+    trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "grpo", "algo.updates_per_batch=2",
+                           "algo.clip_eps=0.001", "algo.kl_coef=0", "train.learning_rate=1e-2")
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    stats = trainer.update(groups, trainer.advantages(groups))
+    assert trainer.state.optimizer_steps == 2 and stats["grad_norm"] > 0
+    micro = len(seen) // 2
+    assert micro == 3  # three informative groups, one per micro-batch, twice
+    for logp, old, _ in seen[:micro]:
+        assert torch.equal(logp, old)  # ratio exactly 1
+    clipped = 0
+    for logp, old, adv in seen[micro:]:
+        ratio = torch.exp(logp - old)
+        surrogate = ratio * adv[:, None]
+        clipped += int((real(logp, adv, old, 0.001) != -surrogate).sum())
+    assert clipped > 0
+
+
+def test_nonfinite_gradients_skip_the_step_then_stop(tiny_dirs, tmp_path):
+    """A NaN in the weights (as a bf16 overflow would leave) makes the gradient norm NaN: the step is skipped and
+    counted, parameters stay, the schedule advances; more than train.max_nonfinite_steps in a row is an error."""
+    from gradient_reference import make_groups, make_trainer
+
+    from mmgpg.trainer import NonFiniteError
+
+    trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "gpg", "train.max_nonfinite_steps=1",
+                           "train.lr_scheduler=linear", "train.max_steps=4")
+    model = trainer.policy.model
+    name, param = next((n, p) for n, p in model.named_parameters() if n.endswith("norm.weight") and "visual" not in n)
+    param.data[0] = float("nan")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    stats = trainer.update(groups, trainer.advantages(groups))
+    assert stats["grad_norm"] != stats["grad_norm"]  # NaN
+    assert trainer.state.nonfinite_steps == 1 and trainer.state.optimizer_steps == 0
+    assert all(torch.equal(before[n], p) or n == name for n, p in model.named_parameters())
+    assert all(p.grad is None for p in model.parameters())
+    assert trainer.backend.learning_rate() == pytest.approx(1e-4 * 3 / 4)
+    with pytest.raises(NonFiniteError, match="train.max_nonfinite_steps=1"):
+        trainer.update(groups, trainer.advantages(groups))
+
+
+def test_a_nan_reward_is_a_clear_error(tmp_path):
+    proc = run_cli("train", f"task={FIXTURES}:NaNRewardShapes", *TINY, "train.max_steps=1",
+                   f"output_dir={tmp_path / 'n'}", check=False)
+    assert proc.returncode != 0
+    assert "'accuracy' returned nan" in proc.stderr and "rewards must be finite" in proc.stderr

@@ -1,0 +1,85 @@
+"""The training-backend seam: device placement, mixed precision, optimizer and schedule, backward, the cross-rank
+gradient sum, clipping, the step, and the backend's own checkpoint state.
+
+The trainer and ``mmgpg sft`` only talk to a backend through :class:`TrainingBackend`. A backend is chosen by
+``train.backend`` from :data:`BACKENDS` (``name -> "module:Class"``); adding one is one file plus one entry here.
+A backend class is built as ``Backend(config)`` with the resolved :class:`mmgpg.config.Config`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from mmgpg.distributed import DistInfo
+
+# The one place backend names live: config validation and `build_backend` both read this.
+BACKENDS: dict[str, str] = {"plain": "mmgpg.backends.plain:PlainBackend"}
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """AdamW, its schedule and gradient clipping (from ``train.*`` for RL, ``sft.*`` for SFT)."""
+
+    learning_rate: float
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0  # 0: no clipping
+    lr_scheduler: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 1  # optimizer-step slots of the whole run (the schedule's length)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    grad_norm: float  # the global norm before clipping
+    stepped: bool  # False when the norm was NaN/Inf: gradients dropped, weights unchanged
+
+
+class TrainingBackend(Protocol):
+    device: torch.device
+    dist: DistInfo
+    params: list[torch.nn.Parameter]  # the trainable parameters (after `prepare`)
+
+    def weights_dtype(self, requested: str) -> str:
+        """The dtype to load weights in, given ``model.dtype`` (e.g. float32 master weights under bf16 autocast)."""
+        ...
+
+    def autocast(self) -> AbstractContextManager: ...
+
+    def prepare(self, model: torch.nn.Module, settings: OptimizerSettings) -> None:
+        """Take ownership of ``model``'s trainable parameters: build the optimizer and the schedule."""
+        ...
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def reduce_gradients(self) -> None:
+        """Replace every gradient by its exact **sum** over ranks (every loss uses global denominators)."""
+        ...
+
+    def step(self) -> StepResult:
+        """Clip, step when the norm is finite, advance the schedule, zero the gradients."""
+        ...
+
+    def advance_schedule(self) -> None:
+        """One schedule slot without an optimizer step (a skipped step)."""
+        ...
+
+    def learning_rate(self) -> float: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def build_backend(name: str, config: Any) -> TrainingBackend:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown training backend {name!r}; available: {', '.join(sorted(BACKENDS))}")
+    module, _, cls = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)(config)

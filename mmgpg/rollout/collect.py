@@ -1,0 +1,127 @@
+"""Sampling scored groups (the one encode → generate → score path) and the β_th collection loop.
+
+:func:`sample_groups` is what training, evaluation and ``mmgpg sample`` call: the engine generates ``G`` completions
+per prompt and the task's rewards (and binary success) score each one.
+
+:func:`collect_groups` samples until the update's valid fraction reaches ``min_valid_fraction``.
+
+One step's update holds exactly ``per_rank`` groups on every rank. Each attempt samples ``per_rank`` new prompt
+groups per rank; after each attempt the ranks sum how many informative groups would enter the update
+(``min(valid so far, per_rank)`` per rank) and stop when ``(B - M) / B >= min_valid_fraction`` over all ranks, or
+after ``max_attempts`` attempts. The update is then assembled per rank by :func:`assemble_update`: informative
+groups first (earliest attempt first), then zero-variance groups (earliest attempt first) as filler; informative
+groups beyond ``per_rank`` are dropped and counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from mmgpg import algorithms, distributed
+from mmgpg.policy import CompletionBatch, PromptBatch
+from mmgpg.rollout.engine import RolloutEngine, Sampling
+from mmgpg.task import Example, task_rewards, task_success
+
+
+@dataclass
+class Group:
+    """One prompt with its ``G`` sampled completions, their rewards and what became of the group."""
+
+    example: Example
+    completion_ids: list[list[int]]
+    texts: list[str]
+    rewards: list[float]  # total reward per completion
+    components: dict[str, list[float]]
+    attempt: int = 0
+    zero_variance: bool = False
+    success: list[bool] | None = None  # the task's binary success per completion (None: the task declares none)
+    in_update: bool = False  # set by assemble_update
+    advantages: list[float] = field(default_factory=list)
+    prompts: PromptBatch | None = None  # the rollout's encoded prompts; this group's is row `prompt_index`
+    prompt_index: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c) for c in self.completion_ids)
+
+
+def score_group(task, example: Example, out: CompletionBatch, p: int, *, attempt: int = 0,
+                zero_variance_tol: float = 0.0) -> Group:
+    """Group ``p`` of ``out`` with the task's rewards, binary success and zero-variance flag."""
+    G = out.group_size
+    ids, texts, rewards, success = [], [], [], []
+    components: dict[str, list[float]] = {}
+    for g in range(G):
+        row = p * G + g
+        n = int(out.completion_mask[row].sum())
+        ids.append(out.completion_ids[row, :n].tolist())
+        texts.append(out.texts[row])
+        scores = task_rewards(task, out.texts[row], example)
+        success.append(task_success(task, out.texts[row], example, scores))
+        rewards.append(scores.pop("total"))
+        for k, v in scores.items():
+            components.setdefault(k, []).append(v)
+    zero = bool(algorithms.zero_variance_mask(torch.tensor([rewards], dtype=torch.float64), zero_variance_tol)[0])
+    declared = None if any(s is None for s in success) else [bool(s) for s in success]
+    return Group(example, ids, texts, rewards, components, attempt, zero, declared, prompts=out.prompts, prompt_index=p)
+
+
+def sample_groups(engine: RolloutEngine, task, examples: Sequence[Example], group_size: int, sampling: Sampling, *,
+                  attempt: int = 0, zero_variance_tol: float = 0.0) -> list[Group]:
+    """Encode → generate → score: ``group_size`` completions for each example, scored by the task."""
+    out = engine.generate([task.prompt(ex) for ex in examples], group_size, sampling)
+    return [score_group(task, ex, out, p, attempt=attempt, zero_variance_tol=zero_variance_tol)
+            for p, ex in enumerate(examples)]
+
+
+@dataclass(frozen=True)
+class CollectStats:
+    attempts: int
+    dropped_valid_groups: int
+
+    def metrics(self) -> dict[str, float]:
+        return {"rollout/resample_attempts": float(self.attempts),
+                "rollout/dropped_valid_groups": float(self.dropped_valid_groups)}
+
+
+def assemble_update(generated: Sequence[Group], per_rank: int) -> tuple[list[Group], int]:
+    """This rank's update: informative groups first, then zero-variance filler, both in generation (attempt) order;
+    marks ``in_update`` on the chosen groups and returns ``(update, informative groups dropped)``.
+
+    ``[v0, z0, v1]`` (attempt order) with ``per_rank = 2`` → ``[v0, v1]``, 0 dropped;
+    ``[z0, z1, v0]`` with ``per_rank = 2`` → ``[v0, z0]``.
+    """
+    valid = [g for g in generated if not g.zero_variance]
+    zero = [g for g in generated if g.zero_variance]
+    update = valid[:per_rank] + zero[: max(per_rank - len(valid), 0)]
+    for g in generated:
+        g.in_update = False
+    for g in update:
+        g.in_update = True
+    return update, max(len(valid) - per_rank, 0)
+
+
+def collect_groups(sample: Callable[[int], list[Group]], per_rank: int, *, min_valid_fraction: float,
+                   max_attempts: int, comm_device=None) -> tuple[list[Group], list[Group], CollectStats]:
+    """Run ``sample(attempt)`` (which returns this rank's ``per_rank`` new groups) until the global valid fraction
+    of the update reaches ``min_valid_fraction`` or ``max_attempts`` attempts were made.
+
+    Collective: every rank must call it (the stopping rule uses a sum over ranks, so all ranks stop together).
+    Returns ``(update, every generated group, stats)``.
+    """
+    generated: list[Group] = []
+    total = per_rank * distributed.current().world_size
+    attempts = 0
+    while True:
+        generated += sample(attempts)
+        attempts += 1
+        in_update = min(sum(not g.zero_variance for g in generated), per_rank)
+        (global_valid,) = distributed.all_sum([in_update], comm_device or "cpu")
+        if attempts >= max_attempts or not algorithms.needs_more_groups(total, total - global_valid,
+                                                                        min_valid_fraction):
+            break
+    update, dropped = assemble_update(generated, per_rank)
+    return update, generated, CollectStats(attempts, dropped)

@@ -1,0 +1,31 @@
+"""The Hugging Face ``generate`` engine: the policy's own model samples (no weight copy, nothing to sync)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from mmgpg.policy import CompletionBatch, Policy
+from mmgpg.rollout.engine import Sampling
+
+
+class HFEngine:
+    name = "hf"
+
+    def __init__(self, policy: Policy, config: Any = None,
+                 autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext):
+        self.policy, self.autocast = policy, autocast
+
+    def generate(self, conversations: Sequence[list[dict]], group_size: int, sampling: Sampling) -> CompletionBatch:
+        batch = self.policy.encode_prompts(conversations)
+        with self.autocast():
+            return self.policy.generate(batch, group_size, max_new_tokens=sampling.max_new_tokens,
+                                        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+
+    def sync_weights(self) -> None:
+        """Nothing to do: generation uses the trained module itself."""
+
+    def close(self) -> None:
+        """Nothing to release."""
