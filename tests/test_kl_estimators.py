@@ -47,3 +47,22 @@ def test_on_policy_expected_gradient(name):
     expected = {"k1": torch.zeros(4, dtype=torch.float64), "k2": g_rev, "k3": g_fwd}[name]
     assert torch.allclose(estimated, expected, atol=1e-12), (estimated, expected)
     assert not torch.allclose(g_rev, g_fwd, atol=1e-3)  # the two KL directions really differ here
+
+
+@pytest.mark.slow
+def test_trainer_differentiates_the_configured_estimator(tiny_dirs, tmp_path):
+    """At the reference weights (π = π_ref) the k2 and k3 gradients vanish, so GRPO's step gradient is the policy
+    term alone for both; k1's gradient is β Σ ∇log π / |o| / B over every forwarded sample (zero-variance groups
+    included), which the independent one-sequence reference computes as a policy loss with A = -1 and α = β."""
+    from gradient_reference import make_groups, make_trainer, reference_gradient, relative_error, trainer_gradient
+
+    model, beta = str(tiny_dirs["qwen2_vl"]), 0.5
+    grads = {}
+    for name in ("k1", "k2", "k3"):
+        trainer = make_trainer(model, str(tmp_path / name), "grpo", f"algo.kl_coef={beta}", f"algo.kl_estimator={name}")
+        groups = make_groups(trainer, [0, 1, 2, 3])
+        grads[name] = trainer_gradient(trainer, groups)
+    assert relative_error(grads["k2"], grads["k3"]) < 1e-6
+    k1_term = reference_gradient(trainer, groups, [[-1.0] * 4] * 4, alpha=beta, aggregation="seq_mean_token_mean")
+    assert relative_error(grads["k1"], {k: grads["k3"][k] + k1_term[k] for k in k1_term}) < 1e-5
+    assert relative_error(grads["k1"], grads["k3"]) > 0.1  # the k1 term is not negligible here
