@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.special import expit
 
 from mmgpg import theory
 
@@ -309,14 +310,14 @@ def drift_fit(visits: list[Visit], metrics: list[dict], p_ref: dict[str, float],
     observed = np.array([sum(v.successes for v in groups[s]) / sum(v.group_size for v in groups[s]) for s in steps])
     weights = np.array([sum(v.group_size for v in groups[s]) for s in steps], dtype=float)
 
+    zr = [np.array([z_ref[v.prompt_id] for v in groups[s]], dtype=float) for s in steps]
+    xs = [x[s] for s in steps]
+
     def natural(c: float) -> np.ndarray:
-        return np.array([np.mean([_sig(z_ref.get(v.prompt_id, 0.0) + c * x[s]) for v in groups[s]]) for s in steps])
+        return np.array([float(np.mean(expit(z + c * xi))) for z, xi in zip(zr, xs)])
 
     def euclid(c: float) -> np.ndarray:
-        out = []
-        for s in steps:
-            out.append(np.mean([_sig(_euclid_z(z_ref.get(v.prompt_id, 0.0), c * x[s])) for v in groups[s]]))
-        return np.array(out)
+        return np.array([float(np.mean(expit(_euclid_z(z, c * xi)))) for z, xi in zip(zr, xs)])
 
     result = {"x_final": acc, "steps": steps, "observed": observed.tolist()}
     scale = 1.0 / max(acc, 1e-300)
@@ -328,24 +329,20 @@ def drift_fit(visits: list[Visit], metrics: list[dict], p_ref: dict[str, float],
     return result
 
 
-def _sig(z: float) -> float:
-    return float(theory.sigmoid_pq(z)[0]) if np.isfinite(z) else (0.0 if z < 0 else 1.0)
+def _euclid_z(z0: np.ndarray, dx: float, steps: int = 50) -> np.ndarray:
+    """Integrate dz/dx = p(1-p) from z0 (an array) over dx (RK4); ±inf (p = 0 or 1) stay where they are."""
+    z = np.array(z0, dtype=float)
+    if dx == 0:
+        return z
+    h = dx / steps
 
-
-def _euclid_z(z0: float, dx: float, steps: int = 50) -> float:
-    """Integrate dz/dx = p(1-p) from z0 over dx (RK4); 0 and 1 are absorbing."""
-    if not np.isfinite(z0) or dx == 0:
-        return z0
-    h, z = dx / steps, z0
-
-    def f(z: float) -> float:
-        p, q = theory.sigmoid_pq(z)
-        return p * q
+    def f(z: np.ndarray) -> np.ndarray:
+        return np.where(np.isfinite(z), expit(z) * expit(-z), 0.0)
 
     for _ in range(steps):
         k1 = f(z)
         k2 = f(z + h * k1 / 2)
         k3 = f(z + h * k2 / 2)
         k4 = f(z + h * k3)
-        z += h * (k1 + 2 * k2 + 2 * k3 + k4) / 6
+        z = z + h * (k1 + 2 * k2 + 2 * k3 + k4) / 6
     return z
