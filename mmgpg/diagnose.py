@@ -186,17 +186,26 @@ def final_estimates(visits: list[Visit], probes: dict, ref_source: str) -> tuple
 
 
 def current_p(visits: list[Visit], probes: dict) -> tuple[list[float], str]:
-    """Per visit, an estimate of its prompt's p at that step not using the visit itself: the latest probe at or
-    before the step, else the prompt's other visits pooled (Jeffreys), else the run's pooled rate."""
+    """Per visit, an estimate of its prompt's p at that step not using the visit itself: from the probes (Jeffreys
+    means, interpolated linearly in log-odds between the probes before and after the step; the last one after it),
+    else the prompt's other visits pooled (Jeffreys), else the run's pooled rate."""
     if probes:
         steps = sorted(probes)
         out = []
         pooled = _pooled(visits)
         for v in visits:
-            before = [s for s in steps if s <= v.step and v.prompt_id in probes[s]]
-            k, N = probes[before[-1]][v.prompt_id] if before else (None, None)
-            out.append((k + 0.5) / (N + 1) if k is not None else pooled)
-        return out, "latest probe at or before the step (Jeffreys)"
+            have = [s for s in steps if v.prompt_id in probes[s]]
+            before = [s for s in have if s <= v.step]
+            after = [s for s in have if s > v.step]
+            if not before:
+                out.append(pooled)
+                continue
+            z0 = theory.logit(_jeffreys_mean(*probes[before[-1]][v.prompt_id]))
+            if after:  # between two probes: linear in log-odds
+                z1 = theory.logit(_jeffreys_mean(*probes[after[0]][v.prompt_id]))
+                z0 += (v.step - before[-1]) / (after[0] - before[-1]) * (z1 - z0)
+            out.append(float(expit(z0)))
+        return out, "probes (Jeffreys), interpolated in log-odds between the probes around the step"
     totals: dict[str, list[int]] = {}
     for v in visits:
         t = totals.setdefault(v.prompt_id, [0, 0])
@@ -208,6 +217,10 @@ def current_p(visits: list[Visit], probes: dict) -> tuple[list[float], str]:
         k, n = totals[v.prompt_id][0] - v.successes, totals[v.prompt_id][1] - v.group_size
         out.append((k + 0.5) / (n + 1) if n > 0 else pooled)
     return out, "the prompt's other visits pooled over the run (leave-one-out, Jeffreys)"
+
+
+def _jeffreys_mean(k: int, n: int) -> float:
+    return (k + 0.5) / (n + 1)
 
 
 def _pooled(visits: list[Visit]) -> float:

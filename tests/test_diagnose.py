@@ -213,3 +213,13 @@ def test_config_of_an_older_run_is_read_with_its_unknown_keys_named(tmp_path):
 
     with pytest.raises(ConfigError, match="rollout.group_size"):
         D.load_run_config(run / "config.yaml")
+
+
+def test_current_p_interpolates_probes_in_log_odds():
+    probes = {0: {"a": (1, 3)}, 10: {"a": (3, 5)}}  # Jeffreys means 1.5/4 = 0.375 and 3.5/6 = 0.5833
+    visits = [visit(0, "a", 1), visit(5, "a", 1), visit(10, "a", 1), visit(20, "a", 1)]
+    p, source = D.current_p(visits, probes)
+    z0, z1 = math.log(0.375 / 0.625), math.log(0.5833333333 / 0.4166666667)
+    assert p[0] == pytest.approx(0.375) and p[2] == pytest.approx(3.5 / 6) and p[3] == pytest.approx(3.5 / 6)
+    assert p[1] == pytest.approx(1 / (1 + math.exp(-(z0 + z1) / 2)))  # halfway in log-odds
+    assert "interpolated" in source
