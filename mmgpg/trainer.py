@@ -32,9 +32,9 @@ from mmgpg.checkpoint import latest_checkpoint, load_trainer_state, save_checkpo
 from mmgpg.config import Config, Resolved, save_config
 from mmgpg.data import PromptStream
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
-from mmgpg.rollout import Group, Sampling, build_engine, collect_groups, sample_groups
+from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
 from mmgpg.task import build_task, first_items
-from mmgpg.utils import seed_everything
+from mmgpg.utils import run_dir_path, seed_everything
 
 
 @dataclass
@@ -78,7 +78,7 @@ class Trainer:
         self._check_layout()
         self.per_rank = cfg.train.prompts_per_step // self.dist.world_size
 
-        name = run_dir if run_dir is not None else cfg.output_dir or f"runs/train-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = run_dir if run_dir is not None else run_dir_path(cfg.output_dir, "train")
         self.run_dir = Path(distributed.broadcast_object(str(name)))
         self._check_run_dir()
         self.state = StepState()
@@ -165,15 +165,12 @@ class Trainer:
 
     # ---- phase 1: rollout -----------------------------------------------------------------------------------------
 
-    def rollout(self) -> tuple[list[Group], dict[str, float], list[Group]]:
-        """Sample until the update's valid fraction reaches β_th (or the attempt cap); return
-        ``(update groups, rollout metrics, every group generated)`` (:func:`mmgpg.rollout.collect_groups`)."""
+    def rollout(self) -> Collected:
+        """Sample until the update's valid fraction reaches β_th (or the attempt cap)
+        (:func:`mmgpg.rollout.collect_groups`)."""
         a = self.cfg.algo
-        update, generated, stats = collect_groups(self._sample_groups, self.per_rank,
-                                                  min_valid_fraction=a.min_valid_fraction,
-                                                  max_attempts=a.max_resample_attempts,
-                                                  comm_device=self.backend.comm_device)
-        return update, stats.metrics(), generated
+        return collect_groups(self._sample_groups, self.per_rank, min_valid_fraction=a.min_valid_fraction,
+                              max_attempts=a.max_resample_attempts, comm_device=self.backend.comm_device)
 
     def _sample_groups(self, attempt: int) -> list[Group]:
         """One attempt: the next ``per_rank`` prompts of the stream, ``group_size`` completions each, scored."""
@@ -191,8 +188,10 @@ class Trainer:
             rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
             for g, adv in zip(groups, algorithms.ADVANTAGES[a.advantage](rewards, a.std_eps).tolist()):
                 g.advantages = adv
-        local = [len(groups) * G, sum(G for g in groups if g.zero_variance), sum(g.num_tokens for g in groups)]
-        num_samples, num_zero, num_tokens = distributed.all_sum(local, self.backend.comm_device)
+        total = distributed.sum_counts({"num_samples": len(groups) * G,
+                                        "num_zero_variance": sum(G for g in groups if g.zero_variance),
+                                        "num_tokens": sum(g.num_tokens for g in groups)}, self.backend.comm_device)
+        num_samples, num_zero, num_tokens = total["num_samples"], total["num_zero_variance"], total["num_tokens"]
         informative = num_samples - num_zero > 0
         alpha = (algorithms.gpg_alpha(num_samples, num_zero) if a.alpha_correction else 1.0) if informative else None
         denominator = algorithms.aggregation_denominator(a.aggregation, int(num_samples), int(num_tokens),
@@ -314,38 +313,39 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         timings: dict[str, float] = {}
         t_step = t0 = time.perf_counter()
-        groups, rollout_stats, generated = self.rollout()
+        collected = self.rollout()
         timings["time/rollout"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        counts = self.advantages(groups)
+        counts = self.advantages(collected.update)
         timings["time/advantages"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        update_stats = self.update(groups, counts)
+        update_stats = self.update(collected.update, counts)
         timings["time/update"] = time.perf_counter() - t0
         self.state.step += 1
         timings["time/step"] = time.perf_counter() - t_step
-        metrics = self._metrics(generated, counts, rollout_stats, update_stats, timings)
-        self._write_success_records(generated)
+        metrics = self._metrics(collected, counts, update_stats, timings)
+        self._write_success_records(collected.generated)
         return metrics
 
-    def _metrics(self, generated: list[Group], counts: StepCounts, rollout_stats, update_stats, timings) -> dict[str, Any]:
-        G = self.cfg.rollout.group_size
+    def _metrics(self, collected: Collected, counts: StepCounts, update_stats, timings) -> dict[str, Any]:
+        generated, G, eos = collected.generated, self.cfg.rollout.group_size, set(self.policy.eos_token_ids)
         names = sorted(generated[0].components) if generated else []
-        local = [float(len(generated) * G), sum(sum(g.rewards) for g in generated),
-                 float(sum(g.num_tokens for g in generated)),
-                 float(sum(len(c) == self.cfg.rollout.max_new_tokens for g in generated for c in g.completion_ids))]
-        local += [sum(sum(g.components[n]) for g in generated) for n in names]
-        summed = distributed.all_sum(local, self.backend.comm_device)
-        n = max(summed[0], 1.0)
-        metrics: dict[str, Any] = {"step": self.state.step, "reward/total": summed[1] / n}
-        metrics.update({f"reward/{name}": summed[4 + i] / n for i, name in enumerate(names)})
+        summed = distributed.sum_counts({
+            "completions": len(generated) * G, "reward": sum(sum(g.rewards) for g in generated),
+            "tokens": sum(g.num_tokens for g in generated),
+            "truncated": sum(not c or c[-1] not in eos for g in generated for c in g.completion_ids),
+            **{f"reward/{name}": sum(sum(g.components[name]) for g in generated) for name in names}},
+            self.backend.comm_device)
+        n = max(summed["completions"], 1.0)
+        metrics: dict[str, Any] = {"step": self.state.step, "reward/total": summed["reward"] / n}
+        metrics.update({f"reward/{name}": summed[f"reward/{name}"] / n for name in names})
         metrics.update({
             "gpg/alpha": counts.alpha, "gpg/valid_fraction": counts.valid_fraction,
             "gpg/skipped_steps": self.state.skipped_steps, "gpg/num_samples": counts.num_samples,
             "gpg/num_zero_variance": counts.num_zero_variance, "train/nonfinite_steps": self.state.nonfinite_steps,
-            "rollout/completion_tokens": summed[2] / n, "rollout/truncated_fraction": summed[3] / n,
-            **rollout_stats, **update_stats, "lr": self.backend.learning_rate(), **timings,
-            "throughput/completion_tokens_per_s": summed[2] / max(timings["time/step"], 1e-9),
+            "rollout/completion_tokens": summed["tokens"] / n, "rollout/truncated_fraction": summed["truncated"] / n,
+            **collected.metrics(), **update_stats, "lr": self.backend.learning_rate(), **timings,
+            "throughput/completion_tokens_per_s": summed["tokens"] / max(timings["time/step"], 1e-9),
         })
         return metrics
 

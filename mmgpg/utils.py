@@ -17,9 +17,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def run_dir_path(output_dir: str, command: str) -> Path:
+    """``output_dir``, or ``runs/<command>-<YYYYmmdd-HHMMSS>`` when it is empty (the one default spelling)."""
+    return Path(output_dir) if output_dir else Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def make_run_dir(output_dir: str, command: str) -> Path:
-    """``output_dir`` (created), or ``runs/<command>-<YYYYmmdd-HHMMSS>`` when it is empty."""
-    path = Path(output_dir) if output_dir else Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """:func:`run_dir_path`, created."""
+    path = run_dir_path(output_dir, command)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
