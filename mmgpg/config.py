@@ -140,7 +140,11 @@ class TrainConfig:
     keep_last: int = 2
     """Checkpoints kept; older ones are deleted after a new one is complete."""
     resume: bool = False
-    """Continue from the latest complete checkpoint in output_dir (metrics after it are rewritten)."""
+    """Continue from the newest complete, intact checkpoint in output_dir (metrics after it are rewritten; without a
+    checkpoint the run starts over and earlier logs move to abandoned-<time>/)."""
+    resume_config: Literal["refuse", "new"] = "refuse"
+    """On resume with a config that differs from the checkpoint's: refuse (list the keys) or apply the new values
+    (recorded in config_changes.jsonl). Logging and saving keys may always change."""
     tensorboard: bool = True
     """Write TensorBoard scalars to output_dir/tensorboard."""
     wandb: bool = False

@@ -20,6 +20,7 @@ import contextlib
 import json
 import math
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +28,9 @@ from typing import Any
 
 import torch
 
-from mmgpg import algorithms, distributed
+from mmgpg import algorithms, distributed, resume
 from mmgpg.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
-from mmgpg.config import Config, Resolved, save_config
+from mmgpg.config import Config, Resolved, save_config, to_yaml
 from mmgpg.data import PromptStream
 from mmgpg.policy import Policy, Rollout, load_policy_for, pad_completions
 from mmgpg.task import Example, build_task, first_items, task_rewards
@@ -117,7 +118,8 @@ class Trainer:
             self._resume(checkpoint)
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.resolved, self.run_dir, "train")
+            if not (cfg.train.resume and (self.run_dir / "config.yaml").exists()):  # provenance is never rewritten
+                save_config(self.resolved, self.run_dir, "train")
         distributed.barrier()
         self._stop_requested = False
         self.tb = self.wandb = None
@@ -147,6 +149,11 @@ class Trainer:
 
     def _check_run_dir(self) -> None:
         if self.cfg.train.resume:
+            if self.dist.is_main and latest_checkpoint(self.run_dir, warn=lambda _m: None) is None:
+                moved = resume.set_aside_logs(self.run_dir)
+                if moved is not None:
+                    print(f"train.resume=true but {self.run_dir} has no usable checkpoint: starting from step 0; the "
+                          f"earlier logs were moved to {moved}", file=sys.stderr, flush=True)
             return
         used = [p for p in ("metrics.jsonl", "checkpoints") if (self.run_dir / p).exists()]
         if used:
@@ -158,14 +165,17 @@ class Trainer:
 
     def _resume(self, checkpoint: Path) -> None:
         state, rng = load_trainer_state(checkpoint)
+        # Before anything is loaded: a refused config change leaves no trace.
+        changed = resume.check_config(self.cfg, checkpoint, self.run_dir, record=self.dist.is_main)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.stream.load_state_dict(state["stream"])
         self.state = StepState(**state["counters"])
+        if changed:  # train.resume_config=new
+            resume.apply_optimizer_config(self.optimizer, self.scheduler, self.cfg.train)
         set_rng_state(rng)  # last: loading models above consumed random numbers
         if self.dist.is_main:
-            for name in ("metrics.jsonl", "prompt_success.jsonl"):
-                _truncate_jsonl(self.run_dir / name, self.state.step)
+            resume.truncate_logs(self.run_dir, self.state.step)
         self.resumed_from = checkpoint
 
     # ---- phase 1: rollout -----------------------------------------------------------------------------------------
@@ -414,7 +424,8 @@ class Trainer:
     def save(self) -> Path:
         state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                  "stream": self.stream.state_dict(), "counters": vars(self.state).copy()}
-        return save_checkpoint(self.run_dir, self.state.step, self.policy, state, self.cfg.train.keep_last)
+        return save_checkpoint(self.run_dir, self.state.step, self.policy, state, self.cfg.train.keep_last,
+                               extra_files={"config.yaml": to_yaml(self.cfg)})
 
     def _request_stop(self, signum, frame) -> None:
         self._stop_requested = True
@@ -455,14 +466,6 @@ class Trainer:
             if self.wandb is not None:
                 self.wandb.finish()
         return self.run_dir
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep the records of steps <= last_step (a resumed run rewrites what came after its checkpoint)."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
 
 
 class _Progress:
