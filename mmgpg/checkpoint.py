@@ -89,7 +89,8 @@ def _safe_load(path: Path) -> Any:
             raise CheckpointError(f"{path.name} holds Python objects other than tensors and plain data; mmgpg does "
                                   "not unpickle those (they can run code). It was written by an older mmgpg or "
                                   "tampered with") from None
-        raise CheckpointError(f"{path.name} is unreadable ({type(err).__name__}: {text.splitlines()[0][:200]})") from None
+        first = text.splitlines()[0][:200] if text.strip() else "empty or truncated file"
+        raise CheckpointError(f"{path.name} is unreadable ({type(err).__name__}: {first})") from None
 
 
 def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
@@ -181,7 +182,7 @@ def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: di
         distributed.barrier()
         if info.is_main:
             (tmp / "COMPLETE").write_text(json.dumps({"step": step, "world_size": info.world_size}) + "\n")
-    except (OSError, RuntimeError) as err:
+    except Exception as err:  # noqa: BLE001 - torch, safetensors and the OS report a full disk each their own way
         if info.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         if _is_disk_full(err, root):
@@ -210,7 +211,7 @@ def _is_disk_full(err: BaseException, root: Path) -> bool:
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(err)
-    if "No space left on device" in text or "file write failed" in text or "unexpected pos" in text:
+    if "No space left on device" in text or "os error 28" in text or "file write failed" in text:
         return True
     try:
         return shutil.disk_usage(root).free < 1 << 20

@@ -347,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GPG (Group Policy Gradient) and GRPO for vision-language models (Qwen2-VL, Qwen2.5-VL).",
     )
     parser.add_argument("--version", action="version", version=f"mmgpg {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback when a command fails")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("sample", help="sample G completions per task prompt and score them (log-probs, rewards)",
@@ -484,9 +485,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, TaskNotFound, FileNotFoundError, FileExistsError, ValueError) as err:
-        print(f"mmgpg {args.command}: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"mmgpg {args.command}: interrupted (a run continues from its last checkpoint with "
+              "train.resume=true)", file=sys.stderr)
+        return 130
+    except Exception as err:
+        message = None if args.debug else user_error(err, (ConfigError, TaskNotFound))
+        if message is None:  # a bug, or --debug: the full traceback
+            raise
+        print(f"mmgpg {args.command}: {message}", file=sys.stderr)
         return 2
+
+
+def user_error(err: BaseException, known: tuple[type, ...]) -> str | None:
+    """The one-message form of an error caused by input (config, files, data, disk), or None for a bug."""
+    import errno
+
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {err.filename}" if err.filename else ""
+        return f"no space left on device{where}. Free space and run again (train.resume=true continues a run)."
+    if isinstance(err, (*known, ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+                        PermissionError)):
+        return str(err)
+    return None
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ def truncate_logs(run_dir: Path, last_step: int, warn=None) -> None:
     """Keep only the records of steps <= ``last_step`` in the run's JSONL logs (atomic rewrite)."""
     for name in LOGS:
         path = run_dir / name
+        for stale in run_dir.glob(f".{name}.*.tmp"):  # a rewrite killed before its rename
+            stale.unlink()
         if not path.exists():
             continue
         read = read_jsonl(path, torn_tail="drop", warn=warn)
@@ -50,6 +52,20 @@ def truncate_logs(run_dir: Path, last_step: int, warn=None) -> None:
             if row["step"] <= last_step:
                 kept.append(row)
         write_jsonl_atomic(path, kept)
+
+
+def usable_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint a resume will use, or None when the run has none at all. When it has complete checkpoints
+    but every one is damaged, raise instead of starting over (a run must never restart from step 0 by accident)."""
+    from mmgpg.checkpoint import CheckpointError, complete_checkpoints, latest_checkpoint
+
+    reasons: list[str] = []
+    found = latest_checkpoint(run_dir, warn=reasons.append)
+    if found is None and complete_checkpoints(run_dir):
+        raise CheckpointError("train.resume=true but no checkpoint of the run can be used:\n  " + "\n  ".join(reasons)
+                              + "\nRestore or remove them, or start a new run in another output_dir (a checkpoint's "
+                              "policy/ folder may still load as model.name_or_path).")
+    return found
 
 
 def set_aside_logs(run_dir: Path) -> Path | None:

@@ -149,7 +149,7 @@ class Trainer:
 
     def _check_run_dir(self) -> None:
         if self.cfg.train.resume:
-            if self.dist.is_main and latest_checkpoint(self.run_dir, warn=lambda _m: None) is None:
+            if self.dist.is_main and resume.usable_checkpoint(self.run_dir) is None:
                 moved = resume.set_aside_logs(self.run_dir)
                 if moved is not None:
                     print(f"train.resume=true but {self.run_dir} has no usable checkpoint: starting from step 0; the "
@@ -428,7 +428,13 @@ class Trainer:
                                extra_files={"config.yaml": to_yaml(self.cfg)})
 
     def _request_stop(self, signum, frame) -> None:
+        """First SIGINT/SIGTERM: stop and save at the next step boundary. A second Ctrl-C aborts at once."""
+        if self._stop_requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
         self._stop_requested = True
+        if self.dist.is_main:
+            print(f"\n{signal.Signals(signum).name}: stopping after step {self.state.step + 1} with a checkpoint; "
+                  "press Ctrl-C again to abort now without saving", file=sys.stderr, flush=True)
 
     # ---- the loop -------------------------------------------------------------------------------------------------
 
