@@ -232,8 +232,7 @@ def cmd_eval(args) -> int:
     import dataclasses
 
     from mmgpg.config import resolve
-    from mmgpg.datasets import read_jsonl
-    from mmgpg.evaluate import evaluate, rescore, write_evaluation
+    from mmgpg.evaluate import evaluate, read_predictions, rescore, write_evaluation
     from mmgpg.judges import check_protocol
     from mmgpg.task import build_task, first_items
     from mmgpg.utils import make_run_dir, resolve_device
@@ -245,10 +244,21 @@ def cmd_eval(args) -> int:
     task = build_task(cfg.task.name, cfg.task.options)
     counts: dict[str, int] = {}
     if args.predictions:
-        rows = read_jsonl(args.predictions)
-        metrics, records, skipped = rescore(task, rows, args.protocol)
-        counts.update(rows=len(rows), evaluated=len(rows) - skipped, skipped=skipped)
+        rows, lines, unreadable = read_predictions(args.predictions)
+        metrics, records, skipped = rescore(task, rows, args.protocol, lines=lines)
+        ordered = sorted([*zip(lines, records), *((u["line"], u) for u in unreadable)], key=lambda pair: pair[0])
+        records = [r for _, r in ordered]
+        skipped += len(unreadable)
+        total = len(rows) + len(unreadable)
+        counts.update(rows=total, evaluated=total - skipped, skipped=skipped)
         source = {"predictions": str(Path(args.predictions).resolve())}
+        for r in [r for r in records if "skipped" in r][:5]:
+            print(f"skipped {args.predictions}:{r['line']} (id {r['id']!r}): {r['skipped']}", file=sys.stderr)
+        if skipped > 5:
+            print(f"... and {skipped - 5} more skipped rows (see predictions.jsonl)", file=sys.stderr)
+        if not total - skipped:
+            raise ValueError(f"{args.predictions}: none of its {total} rows could be judged (reasons above); fix the "
+                             "file (docs/evaluation.md lists the fields each task needs)")
     else:
         from mmgpg.checkpoint import latest_checkpoint
         from mmgpg.policy import load_policy_for

@@ -214,6 +214,8 @@ class JudgedTask:
     protocols: ClassVar[tuple[str, ...]] = ("paper", "strict")
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
     format_prefix: ClassVar[str] = ""
+    categories: ClassVar[tuple[str, ...]] = ()
+    """The values a record's ``category`` may take (empty: the task has no categories, any text is kept)."""
 
     def __post_init__(self):
         if self.reward_protocol not in self.protocols:
