@@ -234,7 +234,7 @@ def cmd_eval(args) -> int:
     from mmgpg.config import resolve
     from mmgpg.evaluate import evaluate, read_predictions, rescore, write_evaluation
     from mmgpg.judges import check_protocol
-    from mmgpg.task import build_task, first_items
+    from mmgpg.task import build_task, good_items
     from mmgpg.utils import make_run_dir, resolve_device
 
     if bool(args.ckpt) == bool(args.predictions):
@@ -270,9 +270,13 @@ def cmd_eval(args) -> int:
             print(f"evaluating {ckpt}")
         policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=ckpt)
         split = task.load(args.split)
-        metrics, records = evaluate(policy, task, first_items(split, args.limit), batch_size=args.batch_size,
+        examples, bad_rows = good_items(split, args.limit, cfg.data.on_bad_row)
+        for row, reason in bad_rows.items():
+            print(f"skipped bad data row {row}: {reason}", file=sys.stderr)
+        metrics, records = evaluate(policy, task, examples, batch_size=args.batch_size,
                                     max_new_tokens=args.max_new_tokens, protocol=args.protocol)
-        counts.update(evaluated=len(records), skipped=0, available=len(split))
+        records += [{"row": row, "skipped": reason} for row, reason in bad_rows.items()]
+        counts.update(evaluated=len(examples), skipped=len(bad_rows), available=len(split))
         source = {"checkpoint": args.ckpt, "decoding": "greedy", "max_new_tokens": args.max_new_tokens}
     counts["parse_failures"] = int(sum(r.get("parse_failure", 0) for r in records if "skipped" not in r))
     out = make_run_dir(args.output or "", "eval")

@@ -135,8 +135,9 @@ class TrainConfig:
     """Task split to train on."""
     success_reward: str = "accuracy"
     """Reward component that defines success (value >= 1) in the per-prompt success records."""
-    save_every: int = 0
-    """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT)."""
+    save_every: int = 50
+    """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT). The default bounds what a crash
+    (a bad data row, a lost node) can cost to 50 steps; keep_last bounds the disk used."""
     keep_last: int = 2
     """Checkpoints kept; older ones are deleted after a new one is complete."""
     resume: bool = False
@@ -187,11 +188,20 @@ class TaskConfig:
 
 
 @dataclass
+class DataConfig:
+    on_bad_row: Literal["error", "skip"] = "error"
+    """A data row that cannot be used (bad JSON, wrong field types, a damaged or missing image): stop with a message
+    naming file, row and field (error), or skip it, warn and count it (skip: data/skipped_rows in metrics.jsonl)."""
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model and its image preprocessing."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """The task: its prompts, images and rewards."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """What to do with bad data rows."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How completions are sampled."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)

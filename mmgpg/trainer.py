@@ -33,7 +33,7 @@ from mmgpg.checkpoint import latest_checkpoint, load_trainer_state, save_checkpo
 from mmgpg.config import Config, Resolved, save_config, to_yaml
 from mmgpg.data import PromptStream
 from mmgpg.policy import Policy, Rollout, load_policy_for, pad_completions
-from mmgpg.task import Example, build_task, first_items, task_rewards
+from mmgpg.task import Example, SkipBadRows, build_task, first_items, task_rewards
 from mmgpg.utils import resolve_device, seed_everything
 
 
@@ -89,7 +89,7 @@ class Trainer:
 
         seed_everything(cfg.seed + self.dist.rank)
         self.task = build_task(cfg.task.name, cfg.task.options)
-        self.dataset = self.task.load(cfg.train.split)
+        self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
         # Weights in float32 when bf16 autocast is used (fp32 master weights); otherwise as model.dtype says.
         dtype = "float32" if isinstance(self.autocast, torch.autocast) else cfg.model.dtype
@@ -380,6 +380,8 @@ class Trainer:
     def _log(self, metrics: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
+        if getattr(self.dataset, "skipped", None):  # data.on_bad_row=skip: rows rank 0 skipped so far
+            metrics["data/skipped_rows"] = len(self.dataset.skipped)
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(metrics) + "\n")
         step = metrics["step"]
@@ -428,8 +430,7 @@ class Trainer:
                                extra_files={"config.yaml": to_yaml(self.cfg)})
 
     def _request_stop(self, signum, frame) -> None:
-        """First SIGINT/SIGTERM: stop and save at the next step boundary. A second Ctrl-C aborts at once."""
-        if self._stop_requested and signum == signal.SIGINT:
+        if self._stop_requested and signum == signal.SIGINT:  # a second Ctrl-C aborts at once, without saving
             raise KeyboardInterrupt
         self._stop_requested = True
         if self.dist.is_main:
