@@ -129,6 +129,33 @@ def verify_policy_dir(policy: Path) -> None:
             raise CheckpointError(f"{policy.name}/{path.name} is damaged ({str(err).splitlines()[0][:200]})") from None
 
 
+def check_model_source(path: str) -> bool:
+    """True for a usable local model directory; raise a clear error for a local path that is not one (missing,
+    a file, no or unreadable config.json, no weights). A name that cannot be a hub id (``a/b/c``, ``./x``, ``/x``,
+    ``~/x``, or ``dir/x`` where ``dir`` exists here) is local: a typo is reported at once, not sent to the hub."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        head = path.split("/", 1)[0]
+        if path.startswith(("/", ".", "~")) or path.count("/") > 1 or (path.count("/") == 1 and Path(head).is_dir()):
+            siblings = sorted(x.name for x in p.parent.iterdir()) if p.parent.is_dir() else []
+            from mmgpg.config import did_you_mean
+
+            raise FileNotFoundError(f"model directory {path!r} does not exist." + did_you_mean(p.name, siblings))
+        return False
+    if not p.is_dir():
+        raise ValueError(f"model {path!r} is a file; give the model's directory (with config.json and weights)")
+    try:
+        json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"model directory {path!r} has no config.json: it is not a Hugging Face model folder") from None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"model directory {path!r}: config.json is not valid JSON ({err})") from None
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise ValueError(f"model directory {path!r} holds no weights (*.safetensors or *.bin); was the download or "
+                         "save interrupted?")
+    return True
+
+
 def rng_state() -> dict[str, Any]:
     """Python, NumPy and torch RNG states as tensors and plain data (loadable with ``weights_only=True``)."""
     version, internal, gauss = random.getstate()

@@ -57,10 +57,12 @@ def cmd_model_info(args) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
 
+    from mmgpg.checkpoint import check_model_source
     from mmgpg.policy import resolve_model_path
     from mmgpg.tiny import count_parameters
 
     path = resolve_model_path(args.model)
+    check_model_source(path)
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config)
@@ -498,6 +500,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("unrecognized arguments: " + " ".join(extra))
         args.overrides = [*args.overrides, *extra]
     try:
+        for folder in getattr(args, "config_dir", None) or []:
+            if not Path(folder).is_dir():
+                raise FileNotFoundError(f"--config-dir {folder!r} is not a directory; give a folder holding base.yaml "
+                                        "and/or group folders (task/, model/, algo/)")
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         if args.debug:

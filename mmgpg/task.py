@@ -87,10 +87,10 @@ def _load_file_class(ref: str) -> type:
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # a task file that calls sys.exit() must not end mmgpg "successfully"
             del sys.modules[module_name]
-            raise TaskNotFound(f"Importing {str(path)!r} failed: {type(err).__name__}: {err}.",
-                               "fix the error in that file.") from err
+            what = f"called sys.exit({err.code!r})" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
+            raise TaskNotFound(f"Importing {str(path)!r} failed: {what}.", "fix the error in that file.") from err
     cls = getattr(module, cls_name, None)
     if cls is None:
         names = [n for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module_name]
@@ -117,7 +117,7 @@ def find_task_class(name: str) -> type:
             )
         try:
             cls = tasks[name].load()
-        except Exception as err:
+        except (Exception, SystemExit) as err:
             raise TaskNotFound(f"Task {name!r} ({tasks[name].value}) failed to import: {type(err).__name__}: {err}.",
                                "reinstall the package that provides it.") from err
     missing = [a for a in ("name", "version", "load", "prompt") if not hasattr(cls, a)]
