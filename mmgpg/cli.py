@@ -526,8 +526,7 @@ def user_error(err: BaseException, known: tuple[type, ...]) -> str | None:
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         where = f" writing {err.filename}" if err.filename else ""
         return f"no space left on device{where}. Free space and run again (train.resume=true continues a run)."
-    if isinstance(err, (*known, ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
-                        PermissionError)):
+    if isinstance(err, (*known, ValueError, OSError)):  # bad values, files, permissions, an unreachable hub
         return str(err)
     return None
 
