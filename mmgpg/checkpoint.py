@@ -77,12 +77,13 @@ def _read_marker(checkpoint: Path) -> dict[str, int]:
     return meta
 
 
-def _safe_load(path: Path) -> Any:
-    """``torch.load(weights_only=True)``: tensors and plain data only; a file that needs more is refused."""
+def _safe_load(path: Path, mmap: bool = False) -> Any:
+    """``torch.load(weights_only=True)``: tensors and plain data only; a file that needs more is refused.
+    ``mmap``: map the tensors instead of reading them (a cheap check of a large optimizer state)."""
     if not path.is_file():
         raise CheckpointError(f"{path.name} is missing")
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
+        return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
     except Exception as err:  # noqa: BLE001 - torch raises many types for bad files; each becomes one message
         text = str(err)
         if "Weights only load failed" in text or "Unsupported global" in text:
@@ -97,7 +98,7 @@ def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
     """Check ``checkpoint`` without loading the model: the marker, every rank's RNG file and the trainer state load
     (safely), and ``policy/`` has a readable ``config.json`` and intact safetensors headers. Returns the marker."""
     meta = _read_marker(checkpoint)
-    state = _safe_load(checkpoint / "trainer_state.pt")
+    state = _safe_load(checkpoint / "trainer_state.pt", mmap=True)
     if not isinstance(state, dict) or not {"optimizer", "scheduler", "stream", "counters"} <= set(state):
         raise CheckpointError("trainer_state.pt lacks the optimizer, scheduler, stream or counters")
     for rank in range(meta["world_size"]):
