@@ -57,10 +57,12 @@ def cmd_model_info(args) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
 
+    from mmgpg.checkpoint import check_model_source
     from mmgpg.policy import resolve_model_path
     from mmgpg.tiny import count_parameters
 
     path = resolve_model_path(args.model)
+    check_model_source(path)
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config)
@@ -235,10 +237,9 @@ def cmd_eval(args) -> int:
     import dataclasses
 
     from mmgpg.config import resolve
-    from mmgpg.datasets import read_jsonl
-    from mmgpg.evaluate import evaluate, rescore, write_evaluation
+    from mmgpg.evaluate import evaluate, read_predictions, rescore, write_evaluation
     from mmgpg.judges import check_protocol
-    from mmgpg.task import build_task, first_items
+    from mmgpg.task import build_task, good_items
     from mmgpg.utils import make_run_dir, resolve_device
 
     if bool(args.ckpt) == bool(args.predictions):
@@ -248,10 +249,21 @@ def cmd_eval(args) -> int:
     task = build_task(cfg.task.name, cfg.task.options)
     counts: dict[str, int] = {}
     if args.predictions:
-        rows = read_jsonl(args.predictions)
-        metrics, records, skipped = rescore(task, rows, args.protocol)
-        counts.update(rows=len(rows), evaluated=len(rows) - skipped, skipped=skipped)
+        rows, lines, unreadable = read_predictions(args.predictions)
+        metrics, records, skipped = rescore(task, rows, args.protocol, lines=lines)
+        ordered = sorted([*zip(lines, records), *((u["line"], u) for u in unreadable)], key=lambda pair: pair[0])
+        records = [r for _, r in ordered]
+        skipped += len(unreadable)
+        total = len(rows) + len(unreadable)
+        counts.update(rows=total, evaluated=total - skipped, skipped=skipped)
         source = {"predictions": str(Path(args.predictions).resolve())}
+        for r in [r for r in records if "skipped" in r][:5]:
+            print(f"skipped {args.predictions}:{r['line']} (id {r['id']!r}): {r['skipped']}", file=sys.stderr)
+        if skipped > 5:
+            print(f"... and {skipped - 5} more skipped rows (see predictions.jsonl)", file=sys.stderr)
+        if not total - skipped:
+            raise ValueError(f"{args.predictions}: none of its {total} rows could be judged (reasons above); fix the "
+                             "file (docs/evaluation.md lists the fields each task needs)")
     else:
         from mmgpg.checkpoint import latest_checkpoint
         from mmgpg.policy import load_policy_for
@@ -266,9 +278,13 @@ def cmd_eval(args) -> int:
         policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=ckpt)
         engine = build_engine(cfg.rollout.engine, policy, cfg)
         split = task.load(args.split)
-        metrics, records = evaluate(engine, task, first_items(split, args.limit), batch_size=args.batch_size,
+        examples, bad_rows = good_items(split, args.limit, cfg.data.on_bad_row)
+        for row, reason in bad_rows.items():
+            print(f"skipped bad data row {row}: {reason}", file=sys.stderr)
+        metrics, records = evaluate(engine, task, examples, batch_size=args.batch_size,
                                     max_new_tokens=args.max_new_tokens, protocol=args.protocol)
-        counts.update(evaluated=len(records), skipped=0, available=len(split))
+        records += [{"row": row, "skipped": reason} for row, reason in bad_rows.items()]
+        counts.update(evaluated=len(examples), skipped=len(bad_rows), available=len(split))
         source = {"checkpoint": args.ckpt, "decoding": "greedy", "max_new_tokens": args.max_new_tokens}
     counts["parse_failures"] = int(sum(r.get("parse_failure", 0) for r in records if "skipped" not in r))
     out = make_run_dir(args.output or "", "eval")
@@ -353,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GPG (Group Policy Gradient) and GRPO for vision-language models (Qwen2-VL, Qwen2.5-VL).",
     )
     parser.add_argument("--version", action="version", version=f"mmgpg {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback when a command fails")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("sample", help="sample G completions per task prompt and score them (log-probs, rewards)",
@@ -489,10 +506,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("unrecognized arguments: " + " ".join(extra))
         args.overrides = [*args.overrides, *extra]
     try:
+        for folder in getattr(args, "config_dir", None) or []:
+            if not Path(folder).is_dir():
+                raise FileNotFoundError(f"--config-dir {folder!r} is not a directory; give a folder holding base.yaml "
+                                        "and/or group folders (task/, model/, algo/)")
         return int(args.func(args) or 0)
-    except (ConfigError, TaskNotFound, FileNotFoundError, FileExistsError, ValueError) as err:
-        print(f"mmgpg {args.command}: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"mmgpg {args.command}: interrupted (a run continues from its last checkpoint with "
+              "train.resume=true)", file=sys.stderr)
+        return 130
+    except Exception as err:
+        message = None if args.debug else user_error(err, (ConfigError, TaskNotFound))
+        if message is None:  # a bug, or --debug: the full traceback
+            raise
+        print(f"mmgpg {args.command}: {message}", file=sys.stderr)
         return 2
+
+
+def user_error(err: BaseException, known: tuple[type, ...]) -> str | None:
+    """The one-message form of an error caused by input (config, files, data, disk), or None for a bug."""
+    import errno
+
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {err.filename}" if err.filename else ""
+        return f"no space left on device{where}. Free space and run again (train.resume=true continues a run)."
+    if isinstance(err, (*known, ValueError, OSError)):  # bad values, files, permissions, an unreachable hub
+        return str(err)
+    return None
 
 
 if __name__ == "__main__":

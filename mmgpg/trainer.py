@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,14 +27,14 @@ from typing import Any
 
 import torch
 
-from mmgpg import algorithms, distributed
+from mmgpg import algorithms, distributed, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
-from mmgpg.config import Config, Resolved, save_config
+from mmgpg.config import Config, Resolved, save_config, to_yaml
 from mmgpg.data import PromptStream
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
-from mmgpg.task import build_task, first_items
+from mmgpg.task import SkipBadRows, build_task, first_items
 from mmgpg.utils import run_dir_path, seed_everything
 
 
@@ -86,7 +87,7 @@ class Trainer:
 
         seed_everything(cfg.seed + self.dist.rank)
         self.task = build_task(cfg.task.name, cfg.task.options)
-        self.dataset = self.task.load(cfg.train.split)
+        self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
         dtype = self.backend.weights_dtype(cfg.model.dtype)
         source = str(checkpoint / "policy") if checkpoint else cfg.model.name_or_path
@@ -103,18 +104,15 @@ class Trainer:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:  # transformers 5.19
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        t = cfg.train
-        # The schedule has max_steps x updates_per_batch slots; a skipped step advances it too.
-        self.backend.prepare(model, OptimizerSettings(
-            t.learning_rate, t.weight_decay, tuple(t.adam_betas), t.adam_eps, t.max_grad_norm, t.lr_scheduler,
-            t.warmup_steps, total_steps=t.max_steps * cfg.algo.updates_per_batch))
+        self.backend.prepare(model, self._optimizer_settings())
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
         self.sampling = Sampling.from_config(cfg.rollout)
         if checkpoint is not None:
             self._resume(checkpoint)
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.resolved, self.run_dir, "train")
+            if not (cfg.train.resume and (self.run_dir / "config.yaml").exists()):  # provenance is never rewritten
+                save_config(self.resolved, self.run_dir, "train")
         distributed.barrier()
         self._stop_requested = False
         self.tb = self.wandb = None
@@ -144,24 +142,38 @@ class Trainer:
 
     def _check_run_dir(self) -> None:
         if self.cfg.train.resume:
+            if self.dist.is_main and resume.usable_checkpoint(self.run_dir) is None:
+                moved = resume.set_aside_logs(self.run_dir)
+                if moved is not None:
+                    print(f"train.resume=true but {self.run_dir} has no usable checkpoint: starting from step 0; the "
+                          f"earlier logs were moved to {moved}", file=sys.stderr, flush=True)
             return
         used = [p for p in ("metrics.jsonl", "checkpoints") if (self.run_dir / p).exists()]
         if used:
             raise FileExistsError(f"{self.run_dir} already holds a run ({', '.join(used)}); continue it with "
                                   "train.resume=true or choose another output_dir")
 
+    def _optimizer_settings(self) -> OptimizerSettings:
+        t = self.cfg.train
+        # The schedule has max_steps x updates_per_batch slots; a skipped step advances it too.
+        return OptimizerSettings(t.learning_rate, t.weight_decay, tuple(t.adam_betas), t.adam_eps, t.max_grad_norm,
+                                 t.lr_scheduler, t.warmup_steps, total_steps=t.max_steps * self.cfg.algo.updates_per_batch)
+
     def _load(self, source: str, dtype: str) -> Policy:
         return load_policy_for(self.cfg.model, self.device, source=source, dtype=dtype)
 
     def _resume(self, checkpoint: Path) -> None:
         state, rng = load_trainer_state(checkpoint)
+        # Before anything is loaded: a refused config change leaves no trace.
+        changed = resume.check_config(self.cfg, checkpoint, self.run_dir, record=self.dist.is_main)
         self.backend.load_state_dict(state)
         self.stream.load_state_dict(state["stream"])
         self.state = StepState(**state["counters"])
+        if changed:  # train.resume_config=new: the new optimizer settings over the checkpoint's
+            self.backend.apply_settings(self._optimizer_settings())
         set_rng_state(rng)  # last: loading models above consumed random numbers
         if self.dist.is_main:
-            for name in ("metrics.jsonl", "prompt_success.jsonl"):
-                _truncate_jsonl(self.run_dir / name, self.state.step)
+            resume.truncate_logs(self.run_dir, self.state.step)
 
     # ---- phase 1: rollout -----------------------------------------------------------------------------------------
 
@@ -370,6 +382,8 @@ class Trainer:
     def _log(self, metrics: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
+        if getattr(self.dataset, "skipped", None):  # data.on_bad_row=skip: rows rank 0 skipped so far
+            metrics["data/skipped_rows"] = len(self.dataset.skipped)
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(metrics) + "\n")
         step = metrics["step"]
@@ -416,10 +430,16 @@ class Trainer:
 
     def save(self) -> Path:
         state = {**self.backend.state_dict(), "stream": self.stream.state_dict(), "counters": vars(self.state).copy()}
-        return save_checkpoint(self.run_dir, self.state.step, self.policy, state, self.cfg.train.keep_last)
+        return save_checkpoint(self.run_dir, self.state.step, self.policy, state, self.cfg.train.keep_last,
+                               extra_files={"config.yaml": to_yaml(self.cfg)})
 
     def _request_stop(self, signum, frame) -> None:
+        if self._stop_requested and signum == signal.SIGINT:  # a second Ctrl-C aborts at once, without saving
+            raise KeyboardInterrupt
         self._stop_requested = True
+        if self.dist.is_main:
+            print(f"\n{signal.Signals(signum).name}: stopping after step {self.state.step + 1} with a checkpoint; "
+                  "press Ctrl-C again to abort now without saving", file=sys.stderr, flush=True)
 
     # ---- the loop -------------------------------------------------------------------------------------------------
 
@@ -457,14 +477,6 @@ class Trainer:
             if self.wandb is not None:
                 self.wandb.finish()
         return self.run_dir
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep the records of steps <= last_step (a resumed run rewrites what came after its checkpoint)."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
 
 
 class _Progress:

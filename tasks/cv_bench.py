@@ -57,6 +57,7 @@ class CVBenchTask(JudgedTask):
     """CV-Bench (Count, Relation, Depth, Distance), trained on SAT."""
 
     name: ClassVar[str] = "cv_bench"
+    categories: ClassVar[tuple[str, ...]] = CATEGORIES
     version: ClassVar[str] = "1"
 
     train_data: str = ""
