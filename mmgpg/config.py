@@ -185,6 +185,9 @@ class SftConfig:
     """Clip the gradient norm to this; 0 disables clipping."""
     eval_every: int = 0
     """Greedy evaluation every N steps, logged as eval/<metric> (0: only at the end)."""
+    save_every: int = 50
+    """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT); train.resume=true continues from
+    the newest one and train.keep_last bounds how many are kept, as for `mmgpg train`."""
 
 
 @dataclass
@@ -657,7 +660,7 @@ def check(cfg: Config) -> list[Problem]:
         if value < low:
             p.append(Problem(f"train.{key}", value, f"It must be >= {low}.", f"set train.{key} to an integer >= {low}."))
     for key, value, low in (("max_steps", cfg.sft.max_steps, 1), ("batch_size", cfg.sft.batch_size, 1),
-                            ("eval_every", cfg.sft.eval_every, 0)):
+                            ("eval_every", cfg.sft.eval_every, 0), ("save_every", cfg.sft.save_every, 0)):
         if value < low:
             p.append(Problem(f"sft.{key}", value, f"It must be >= {low}.", f"set sft.{key} to an integer >= {low}."))
     if cfg.sft.learning_rate <= 0:

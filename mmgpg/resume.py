@@ -89,14 +89,22 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix[:-1]: tree}
 
 
-def config_changes(old_tree: dict, new_tree: dict) -> dict[str, tuple[Any, Any]]:
-    """``{dotted key: (old, new)}`` for every key whose value differs (``sft.*`` is not used by train; the resume
-    switches themselves are not changes)."""
+# Keys a command does not read (changing them cannot change what the run computes): prefixes, and exceptions.
+UNUSED_BY = {"train": (("sft.",), ()),
+             "sft": (("algo.", "train."), ("train.split", "train.backend", "train.eval_split", "train.eval_limit"))}
+SFT_RUN_CONTROL = frozenset({"sft.save_every", "sft.eval_every", "train.keep_last", "train.eval_limit",
+                             "train.eval_split", "output_dir", "device"})
+
+
+def config_changes(old_tree: dict, new_tree: dict, command: str = "train") -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (old, new)}`` for every key that differs and that ``command`` reads (``sft.*`` is not used by
+    train, ``algo.*`` and most of ``train.*`` not by sft; the resume switches themselves are not changes)."""
     old, new = _flatten(old_tree), _flatten(new_tree)
     keys = sorted(set(old) | set(new))
     ignored = ("train.resume", "train.resume_config")  # how this start was asked for, not what the run computes
+    prefixes, used = UNUSED_BY[command]
     return {k: (old.get(k), new.get(k)) for k in keys
-            if old.get(k) != new.get(k) and not k.startswith("sft.") and k not in ignored}
+            if old.get(k) != new.get(k) and k not in ignored and (k in used or not k.startswith(prefixes))}
 
 
 def read_checkpoint_config(checkpoint: Path, run_dir: Path) -> tuple[dict | None, str]:
@@ -113,13 +121,15 @@ def read_checkpoint_config(checkpoint: Path, run_dir: Path) -> tuple[dict | None
 
 
 def check_config_changes(changes: dict[str, tuple[Any, Any]], *, checkpoint: Path, source: str, apply: bool,
-                         constant_lr: bool) -> tuple[dict, dict]:
+                         constant_lr: bool, command: str = "train") -> tuple[dict, dict]:
     """Split ``changes`` into ``(run control, other)``; raise :class:`~mmgpg.config.ConfigError` listing the others
     unless ``apply``. ``train.max_steps`` is run control only under a constant learning rate (otherwise the schedule's
     length changes)."""
     from mmgpg.config import ConfigError, Problem
 
-    control = {k: v for k, v in changes.items() if k in RUN_CONTROL or (k == "train.max_steps" and constant_lr)}
+    run_control = RUN_CONTROL if command == "train" else SFT_RUN_CONTROL
+    steps = f"{command}.max_steps"
+    control = {k: v for k, v in changes.items() if k in run_control or (k == steps and constant_lr)}
     other = {k: v for k, v in changes.items() if k not in control}
     if other and not apply:
         fix = ("drop this override to continue as the checkpoint was trained, add train.resume_config=new to apply "
@@ -143,7 +153,7 @@ def record_changes(run_dir: Path, checkpoint: Path, changes: dict[str, tuple[Any
           f"{run_dir / 'config_changes.jsonl'}", file=sys.stderr, flush=True)
 
 
-def check_config(cfg, checkpoint: Path, run_dir: Path, *, record: bool) -> bool:
+def check_config(cfg, checkpoint: Path, run_dir: Path, *, record: bool, command: str = "train") -> bool:
     """Refuse a resume whose config differs from the checkpoint's, unless the change is run control or
     ``train.resume_config=new`` applies it; record accepted changes (when ``record``). True when keys other than run
     control changed (the caller then applies them with the backend's ``apply_settings``)."""
@@ -153,9 +163,29 @@ def check_config(cfg, checkpoint: Path, run_dir: Path, *, record: bool) -> bool:
     old, source = read_checkpoint_config(checkpoint, run_dir)
     if old is None:
         return False
-    changes = config_changes(old, yaml.safe_load(to_yaml(cfg)))
-    control, other = check_config_changes(changes, checkpoint=checkpoint, source=source,
-                                          apply=t.resume_config == "new", constant_lr=t.lr_scheduler == "constant")
+    changes = config_changes(old, yaml.safe_load(to_yaml(cfg)), command)
+    constant = t.lr_scheduler == "constant" if command == "train" else True  # sft's schedule is constant
+    control, other = check_config_changes(changes, checkpoint=checkpoint, source=source, apply=t.resume_config == "new",
+                                          constant_lr=constant, command=command)
     if record:
         record_changes(run_dir, checkpoint, {**control, **other}, "train.resume_config=new" if other else "run control")
     return bool(other)
+
+
+def start_or_resume(run_dir: Path, resume_requested: bool, is_main: bool = True) -> Path | None:
+    """The checkpoint to continue from (``train.resume=true``), or None for a fresh start. A fresh start in a
+    directory that already holds a run is refused; a resume of a run that never checkpointed starts from step 0 with
+    its old logs set aside (by rank 0). Every rank calls it. Shared by ``mmgpg train`` and ``mmgpg sft``."""
+    if not resume_requested:
+        used = [p for p in ("metrics.jsonl", "checkpoints") if (run_dir / p).exists()]
+        if used:
+            raise FileExistsError(f"{run_dir} already holds a run ({', '.join(used)}); continue it with "
+                                  "train.resume=true or choose another output_dir")
+        return None
+    checkpoint = usable_checkpoint(run_dir)
+    if checkpoint is None and is_main:
+        moved = set_aside_logs(run_dir) if run_dir.is_dir() else None
+        if moved is not None:
+            print(f"train.resume=true but {run_dir} has no usable checkpoint: starting from step 0; the earlier logs "
+                  f"were moved to {moved}", file=sys.stderr, flush=True)
+    return checkpoint

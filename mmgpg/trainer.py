@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +27,13 @@ import torch
 
 from mmgpg import algorithms, distributed, resume
 from mmgpg.backends import OptimizerSettings, build_backend
-from mmgpg.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
+from mmgpg.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from mmgpg.config import Config, Resolved, save_config, to_yaml
 from mmgpg.data import PromptStream
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
 from mmgpg.task import SkipBadRows, build_task, first_items
-from mmgpg.utils import run_dir_path, seed_everything
+from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
 
 
 @dataclass
@@ -81,9 +79,8 @@ class Trainer:
 
         name = run_dir if run_dir is not None else run_dir_path(cfg.output_dir, "train")
         self.run_dir = Path(distributed.broadcast_object(str(name)))
-        self._check_run_dir()
+        checkpoint = resume.start_or_resume(self.run_dir, cfg.train.resume, is_main=self.dist.is_main)
         self.state = StepState()
-        checkpoint = latest_checkpoint(self.run_dir) if cfg.train.resume else None
 
         seed_everything(cfg.seed + self.dist.rank)
         self.task = build_task(cfg.task.name, cfg.task.options)
@@ -114,7 +111,7 @@ class Trainer:
             if not (cfg.train.resume and (self.run_dir / "config.yaml").exists()):  # provenance is never rewritten
                 save_config(self.resolved, self.run_dir, "train")
         distributed.barrier()
-        self._stop_requested = False
+        self.stopper = GracefulStop(lambda: self.state.step + 1, announce=self.dist.is_main)
         self.tb = self.wandb = None
 
     # ---- set-up helpers -------------------------------------------------------------------------------------------
@@ -139,19 +136,6 @@ class Trainer:
                                         "pip install wandb, or set train.wandb=false."))
         if problems:
             raise ConfigError(problems)
-
-    def _check_run_dir(self) -> None:
-        if self.cfg.train.resume:
-            if self.dist.is_main and resume.usable_checkpoint(self.run_dir) is None:
-                moved = resume.set_aside_logs(self.run_dir)
-                if moved is not None:
-                    print(f"train.resume=true but {self.run_dir} has no usable checkpoint: starting from step 0; the "
-                          f"earlier logs were moved to {moved}", file=sys.stderr, flush=True)
-            return
-        used = [p for p in ("metrics.jsonl", "checkpoints") if (self.run_dir / p).exists()]
-        if used:
-            raise FileExistsError(f"{self.run_dir} already holds a run ({', '.join(used)}); continue it with "
-                                  "train.resume=true or choose another output_dir")
 
     def _optimizer_settings(self) -> OptimizerSettings:
         t = self.cfg.train
@@ -433,21 +417,13 @@ class Trainer:
         return save_checkpoint(self.run_dir, self.state.step, self.policy, state, self.cfg.train.keep_last,
                                extra_files={"config.yaml": to_yaml(self.cfg)})
 
-    def _request_stop(self, signum, frame) -> None:
-        if self._stop_requested and signum == signal.SIGINT:  # a second Ctrl-C aborts at once, without saving
-            raise KeyboardInterrupt
-        self._stop_requested = True
-        if self.dist.is_main:
-            print(f"\n{signal.Signals(signum).name}: stopping after step {self.state.step + 1} with a checkpoint; "
-                  "press Ctrl-C again to abort now without saving", file=sys.stderr, flush=True)
-
     # ---- the loop -------------------------------------------------------------------------------------------------
 
     def train(self) -> Path:
         """Run until ``train.max_steps``; save at ``save_every``, at the end, and at a SIGTERM/SIGINT step boundary."""
         cfg = self.cfg
         self._open_writers()
-        previous = {s: signal.signal(s, self._request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.stopper.__enter__()
         progress = _Progress(cfg.train.max_steps, self.state.step, enabled=cfg.train.progress and self.dist.is_main)
         if not self.dist.is_main:
             progress.note = lambda text: None  # type: ignore[method-assign]
@@ -462,7 +438,7 @@ class Trainer:
                 self._log(metrics)
                 progress.update(metrics)
                 last = self.state.step >= cfg.train.max_steps
-                stop = distributed.all_max(float(self._stop_requested), self.backend.comm_device) > 0
+                stop = distributed.all_max(float(self.stopper.requested), self.backend.comm_device) > 0
                 if last or stop or (cfg.train.save_every and self.state.step % cfg.train.save_every == 0):
                     self.save()
                 if stop:
@@ -470,8 +446,7 @@ class Trainer:
                     break
         finally:
             progress.close()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            self.stopper.__exit__()
             if self.tb is not None:
                 self.tb.close()
             if self.wandb is not None:
