@@ -1,0 +1,455 @@
+"""``mmgpg plan``: per-GPU memory of a training configuration, before any GPU time is spent.
+
+The model is built on the meta device from its ``config.json`` (no weights are read), so parameter counts are the
+real ones; the rest are the formulas below, each a small pure function with its source. A step has three phases
+that do not overlap in time, so the peak is ``persistent + max(update, rollout)``:
+
+* **persistent** — parameters, gradients, optimizer state, the GRPO reference model (``algo.kl_coef > 0``) and, under
+  ZeRO-3, the gathered working set of one layer;
+* **update** — activations of one micro-batch, the chunked log-prob buffers and (plain backend under bf16
+  autocast) the bf16 weight copies autocast keeps during forward and backward;
+* **rollout** — the KV cache of generation and, under ZeRO-3, the 16-bit weights gathered once for ``generate``.
+
+The backend, ZeRO stage and offload are plain arguments of :func:`plan_memory`; today they come from the command's
+flags (``train.backend`` / ``train.zero_stage`` / ``train.offload_*`` config keys are planned to become their
+defaults). DeepSpeed's own model-state estimators are printed beside ours when ``deepspeed`` is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 2**30
+BACKENDS = ("plain", "deepspeed")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+# The precision of the training forward: "autocast" = fp32 weights under bf16 autocast (the plain backend on a
+# bf16 GPU with model.dtype=auto: mmgpg/trainer.py), "fp32" = everything fp32, "bf16" = 16-bit weights, no autocast
+# (model.dtype=bfloat16/float16, and DeepSpeed's bf16 mode with fp32 master weights inside the optimizer).
+PRECISIONS = ("autocast", "fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the planner needs from a model: counts from the meta model, sizes from its config."""
+
+    params: int  # tied weights once
+    vision_params: int
+    largest_layer_params: int  # DeepSpeed's definition: most parameters owned directly by one module
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vision_depth: int
+    vision_hidden: int
+    vision_intermediate: int
+    patch_size: int
+    temporal_patch_size: int
+
+
+def model_shape(path: str) -> ModelShape:
+    """Read ``config.json`` of a model directory (or hub id, when the hub is reachable) and count parameters on the
+    meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from mmgpg.policy import SUPPORTED_MODEL_TYPES, resolve_model_path
+    from mmgpg.tiny import count_parameters
+
+    path = resolve_model_path(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as err:
+        raise ValueError(
+            f"could not read the config of model {path!r} ({str(err).splitlines()[0]}). The planner needs only its "
+            "config.json: pass a local directory as model.name_or_path=DIR (a downloaded checkpoint, or the real "
+            "dimensions without weights: mmgpg model tiny --size shape_true --config-only --out DIR)."
+        ) from None
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"{path!r} is a {config.model_type!r} model; mmgpg plans {', '.join(SUPPORTED_MODEL_TYPES)}")
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    counts = count_parameters(model)
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    text, vision = config.text_config, config.vision_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if config.model_type == "qwen2_vl":
+        v_hidden, v_inter = vision.embed_dim, int(vision.embed_dim * vision.mlp_ratio)
+    else:
+        v_hidden, v_inter = vision.hidden_size, vision.intermediate_size
+    return ModelShape(counts["total"], counts["vision"], largest, text.vocab_size, text.hidden_size,
+                      text.intermediate_size, text.num_hidden_layers, text.num_attention_heads,
+                      text.num_key_value_heads, head_dim, vision.depth, v_hidden, v_inter, vision.patch_size,
+                      vision.temporal_patch_size)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Formulas (bytes). P = parameters, T = trainable parameters, N = world size (GPUs x nodes).
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def model_state_bytes(params: int, trainable: int, world: int, backend: str, zero_stage: int, offload: str,
+                      precision: str) -> dict[str, int]:
+    """Per-GPU parameters, gradients and optimizer state, and what offload puts in host memory (per rank).
+
+    plain (mmgpg/trainer.py: torch AdamW, gradients summed over ranks, nothing partitioned):
+      weights w·P, gradients w·T, AdamW m and v 2w·T, with w = 4 (fp32 master weights under bf16 autocast, or
+      fp32) or 2 (model.dtype=bfloat16: AdamW keeps its state in the parameter dtype) — 16 bytes/param by default.
+    deepspeed (bf16 with fp32 master weights; ZeRO paper, Rajbhandari et al. 2020, and the byte list of
+    deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs):
+      16-bit parameters 2·P, 16-bit gradients 2·T, and 16·T of fp32 state: master weights 4, gradients 4, m and v 8.
+      Stage 1 partitions the fp32 state (/N), stage 2 also the 16-bit gradients, stage 3 also the 16-bit
+      parameters. Offloading the optimizer moves the fp32 state and (stages 2-3) the gradients to the host;
+      offloading parameters (stage 3) moves the 16-bit parameter partition too.
+    """
+    if backend == "plain":
+        w = 2 if precision == "bf16" else 4
+        return {"parameters": w * params, "gradients": w * trainable, "optimizer": 2 * w * trainable, "host": 0}
+    opt_off, param_off = offload != "none", offload == "optimizer+params"
+    p16 = 2 * params / world if zero_stage == 3 else 2 * params
+    g16 = 2 * trainable / world if zero_stage >= 2 else 2 * trainable
+    fp32_state = 16 * trainable / world if zero_stage >= 1 else 16 * trainable
+    host = 0.0
+    if opt_off:
+        host += fp32_state + (g16 if zero_stage >= 2 else 0)
+        fp32_state, g16 = 0, (0 if zero_stage >= 2 else g16)
+    if param_off:
+        host, p16 = host + p16, 0
+    return {"parameters": int(p16), "gradients": int(g16), "optimizer": int(fp32_state), "host": int(host)}
+
+
+def zero3_working_set_bytes(largest_layer_params: int) -> int:
+    """ZeRO-3 gathers each layer's 16-bit parameters (and produces its 16-bit gradient) before partitioning them
+    again: 4 bytes x the largest layer, the same term as DeepSpeed's ``estimate_zero3_model_states_mem_needs``."""
+    return 4 * largest_layer_params
+
+
+def layer_activation_bytes_per_token(hidden: int, intermediate: int, heads: int, seq_len: int, precision: str) -> int:
+    """Bytes one decoder layer saves for backward per token (HF Qwen2 layer, SDPA, no dropout, padded batch).
+
+    Counted tensor by tensor (h = hidden, I = intermediate, a = heads, s = padded sequence length): two RMSNorms
+    (input, 1/rms, normalised output), the inputs of the q/k/v/o and gate/up/down projections, SDPA's q, k, v,
+    output and log-sum-exp (k and v repeated to all a heads: transformers repeats KV heads whenever an attention mask
+    is passed, which a padded RL batch always has), the SwiGLU intermediates (4·I) and the float attention bias SDPA
+    makes from the boolean mask (s per token):
+
+    * fp32:      4·(10h + 4I + a + 2) + 4s
+    * bf16:      24h + 8I + 4a + 8 + 2s        (norms compute in fp32: their input and 1/rms are fp32 copies)
+    * autocast:  34h + 8I + 4a + 8 + 2s        (fp32 residual stream and norms; every projection saves its own
+                                                 bf16 cast of its input)
+
+    The fp32 and bf16 lines equal the bytes that torch.autograd.graph.saved_tensors_hooks sees on CPU (tested in
+    tests/test_plan.py); the autocast line follows the same count with CUDA autocast's casting rules (a GPU-only
+    path). For comparison, Korthikanti et al. 2022 (arXiv:2205.05198) give 34·h bytes per token per layer for a
+    GPT layer with 16-bit activations and a 4h MLP, plus 5·a·s for the attention matrix without flash attention.
+    """
+    if precision == "fp32":
+        return 4 * (10 * hidden + 4 * intermediate + heads + 2) + 4 * seq_len
+    if precision == "bf16":
+        return 24 * hidden + 8 * intermediate + 4 * heads + 8 + 2 * seq_len
+    if precision == "autocast":
+        return 34 * hidden + 8 * intermediate + 4 * heads + 8 + 2 * seq_len
+    raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+
+
+def checkpointed_layer_bytes_per_token(hidden: int, precision: str) -> int:
+    """With gradient checkpointing each layer keeps only its input (the residual stream: fp32 unless the weights
+    are 16-bit); one layer's full activations are recomputed at a time in backward."""
+    return (2 if precision == "bf16" else 4) * hidden
+
+
+def activation_bytes(tokens: int, layers: int, per_token_layer: int, per_token_checkpointed: int,
+                     checkpointing: bool) -> int:
+    """All layers of a stack: ``tokens·layers·per_token_layer`` without checkpointing;
+    ``tokens·(layers·per_token_checkpointed + per_token_layer)`` with it (inputs kept, one layer recomputed)."""
+    if checkpointing:
+        return tokens * (layers * per_token_checkpointed + per_token_layer)
+    return tokens * layers * per_token_layer
+
+
+def logprob_bytes(chunk: int, vocab: int, hidden: int, weight_bytes: int, scored_tokens: int, act_bytes: int) -> int:
+    """mmgpg/policy.py ``chunked_token_logprobs``: three fp32 ``[chunk, V]`` blocks (logits, their softmax terms,
+    the gradient block), the ``[V, H]`` gradient buffer of the output embedding (``torch.zeros_like(weight)``) and
+    the ``[K, H]`` hidden states of the scored positions saved for backward."""
+    return 3 * 4 * chunk * vocab + weight_bytes * vocab * hidden + act_bytes * scored_tokens * hidden
+
+
+def kv_cache_bytes(sequences: int, tokens: int, layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """``sequences x tokens x layers x 2 (K and V) x kv_heads x head_dim x bytes`` (HF generate's DynamicCache)."""
+    return sequences * tokens * layers * 2 * kv_heads * head_dim * dtype_bytes
+
+
+def deepspeed_estimate(params: int, largest_layer_params: int, gpus_per_node: int, nodes: int, zero_stage: int,
+                       offload: str) -> dict[str, Any]:
+    """DeepSpeed's own per-GPU and per-node-CPU figures for ZeRO-2 / ZeRO-3 model states (the functions its
+    ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` print), or why there is none."""
+    if zero_stage not in (2, 3):
+        return {"available": False, "note": "DeepSpeed has estimators for ZeRO-2 and ZeRO-3 only"}
+    try:
+        from deepspeed.runtime.zero import stage3, stage_1_and_2
+    except ImportError:
+        return {"available": False, "note": "deepspeed is not installed (pip install 'mmgpg[deepspeed]'): "
+                                            "cross-check skipped"}
+    if zero_stage == 2:
+        fn = "deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs"
+        cpu, gpu = stage_1_and_2.estimate_zero2_model_states_mem_needs(
+            params, gpus_per_node, nodes, cpu_offload=offload != "none")
+    else:
+        fn = "deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs"
+        cpu, gpu, _ = stage3.estimate_zero3_model_states_mem_needs(
+            params, largest_layer_params, gpus_per_node, nodes, cpu_offload=offload != "none",
+            cpu_offload_params=offload == "optimizer+params", zero_init=True)
+    return {"available": True, "function": fn, "gpu_bytes": int(gpu), "cpu_bytes_per_node": int(cpu)}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The plan
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    setup: dict[str, Any]
+    model: dict[str, Any]
+    workload: dict[str, Any]
+    per_gpu_bytes: dict[str, int]
+    phases: dict[str, int]
+    host_bytes_per_node: int
+    deepspeed: dict[str, Any]
+    usable_bytes: int
+    fixes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.phases["peak"] <= self.usable_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "fits": self.fits}
+
+
+def check_setup(backend: str, zero_stage: int, offload: str, gpus: int, nodes: int, gpu_memory_gb: float) -> None:
+    """One clear message for a combination DeepSpeed or mmgpg does not support."""
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if offload not in OFFLOADS:
+        raise ValueError(f"--offload must be one of {', '.join(OFFLOADS)}; got {offload!r}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"--zero-stage must be 0, 1, 2 or 3; got {zero_stage}")
+    if backend == "plain" and (zero_stage or offload != "none"):
+        raise ValueError("--zero-stage and --offload need --backend deepspeed (the plain backend partitions nothing)")
+    if offload == "optimizer" and zero_stage == 0:
+        raise ValueError("optimizer offload needs ZeRO stage 1, 2 or 3: add --zero-stage 2")
+    if offload == "optimizer+params" and zero_stage != 3:
+        raise ValueError("parameter offload needs ZeRO stage 3: use --zero-stage 3")
+    if gpus < 1 or nodes < 1 or gpu_memory_gb <= 0:
+        raise ValueError(f"need --gpus >= 1, --nodes >= 1 and --gpu-memory-gb > 0; got {gpus}, {nodes}, {gpu_memory_gb}")
+
+
+def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory_gb: float, backend: str = "plain",
+                zero_stage: int = 0, offload: str = "none", reserve_gb: float = 2.0, images_per_prompt: int = 1,
+                with_fixes: bool = True) -> Plan:
+    """The per-GPU memory of ``cfg`` (a :class:`mmgpg.config.Config`) on ``gpus`` x ``nodes`` GPUs."""
+    check_setup(backend, zero_stage, offload, gpus, nodes, gpu_memory_gb)
+    m, r, t = cfg.model, cfg.rollout, cfg.train
+    world = gpus * nodes
+    if backend == "deepspeed":
+        precision = "bf16"
+    else:
+        precision = {"auto": "autocast", "float32": "fp32"}.get(m.dtype, "bf16")
+    act = 4 if precision == "fp32" else 2
+    weight = 2 if precision == "bf16" else 4
+    trainable = shape.params - (shape.vision_params if t.freeze_vision else 0)
+    states = model_state_bytes(shape.params, trainable, world, backend, zero_stage, offload, precision)
+    per_gpu: dict[str, int] = {k: states[k] for k in ("parameters", "gradients", "optimizer")}
+    per_gpu["zero3_gathered_layer"] = zero3_working_set_bytes(shape.largest_layer_params) if zero_stage == 3 else 0
+    if cfg.algo.kl_coef > 0:  # frozen copy: the policy's weight dtype, partitioned under ZeRO-3
+        per_gpu["reference_model"] = weight * shape.params // (world if zero_stage == 3 else 1)
+    else:
+        per_gpu["reference_model"] = 0
+
+    seq_len = m.max_prompt_length + r.max_new_tokens
+    sequences = t.micro_batch_prompts * r.group_size
+    text_layer = layer_activation_bytes_per_token(shape.hidden, shape.intermediate, shape.heads, seq_len, precision)
+    text_ckpt = checkpointed_layer_bytes_per_token(shape.hidden, precision)
+    text_act = activation_bytes(sequences * seq_len, shape.layers, text_layer, text_ckpt, t.gradient_checkpointing)
+    patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image
+    images = t.micro_batch_prompts * images_per_prompt * (1 if m.encode_images_once else r.group_size)
+    vision_act = 0
+    if not t.freeze_vision:  # approximation: the decoder-layer count with the vision tower's widths
+        v_layer = layer_activation_bytes_per_token(shape.vision_hidden, shape.vision_intermediate, 1, 0, precision)
+        v_ckpt = checkpointed_layer_bytes_per_token(shape.vision_hidden, precision)
+        vision_act = activation_bytes(images * patches, shape.vision_depth, v_layer, v_ckpt, t.gradient_checkpointing)
+    per_gpu["activations_text"] = text_act
+    per_gpu["activations_vision"] = vision_act
+    per_gpu["autocast_weight_copies"] = 2 * shape.params if precision == "autocast" else 0
+    per_gpu["logprob_buffers"] = logprob_bytes(m.logprob_chunk_size, shape.vocab, shape.hidden, weight,
+                                               sequences * r.max_new_tokens, act)
+    prompts_per_rank = -(-t.prompts_per_step // world)
+    per_gpu["kv_cache"] = kv_cache_bytes(prompts_per_rank * r.group_size, seq_len, shape.layers, shape.kv_heads,
+                                         shape.head_dim, act)
+    per_gpu["rollout_gathered_weights"] = 2 * shape.params if zero_stage == 3 else 0
+
+    persistent = sum(per_gpu[k] for k in ("parameters", "gradients", "optimizer", "zero3_gathered_layer",
+                                          "reference_model"))
+    update = sum(per_gpu[k] for k in ("activations_text", "activations_vision", "autocast_weight_copies",
+                                      "logprob_buffers"))
+    rollout = per_gpu["kv_cache"] + per_gpu["rollout_gathered_weights"]
+    phases = {"persistent": persistent, "update": update, "rollout": rollout,
+              "peak": persistent + max(update, rollout)}
+    ds = deepspeed_estimate(shape.params, shape.largest_layer_params, gpus, nodes, zero_stage, offload) \
+        if backend == "deepspeed" else {"available": False, "note": "plain backend: DeepSpeed estimates ZeRO only"}
+    if ds.get("available"):
+        ds["ours_model_states_bytes"] = states["parameters"] + states["gradients"] + states["optimizer"] \
+            + per_gpu["zero3_gathered_layer"]
+    plan = Plan(
+        setup={"gpus_per_node": gpus, "nodes": nodes, "world_size": world, "gpu_memory_gib": gpu_memory_gb,
+               "reserve_gib": reserve_gb, "backend": backend, "zero_stage": zero_stage, "offload": offload,
+               "precision": precision},
+        model={"name_or_path": m.name_or_path, **dataclasses.asdict(shape), "trainable_params": trainable},
+        workload={"micro_batch_sequences": sequences, "sequence_length": seq_len, "images_per_micro_batch": images,
+                  "patches_per_image": patches, "rollout_sequences_per_rank": prompts_per_rank * r.group_size,
+                  "gradient_checkpointing": t.gradient_checkpointing, "freeze_vision": t.freeze_vision,
+                  "reference_model": cfg.algo.kl_coef > 0},
+        per_gpu_bytes=per_gpu, phases=phases, host_bytes_per_node=states["host"] * gpus, deepspeed=ds,
+        usable_bytes=int((gpu_memory_gb - reserve_gb) * GIB),
+    )
+    if with_fixes and not plan.fits:
+        plan.fixes = _fixes(cfg, shape, gpus=gpus, nodes=nodes, gpu_memory_gb=gpu_memory_gb, backend=backend,
+                            zero_stage=zero_stage, offload=offload, reserve_gb=reserve_gb,
+                            images_per_prompt=images_per_prompt)
+    return plan
+
+
+def _fixes(cfg, shape: ModelShape, **setup) -> list[str]:
+    """Each single change that makes the plan fit, found by planning it (plus LoRA as a hint)."""
+    def fits(c=cfg, **change) -> bool:
+        return plan_memory(c, shape, **{**setup, **change}, with_fixes=False).fits
+
+    def with_train(**values):
+        return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **values))
+
+    out: list[str] = []
+    stage, offload = setup["zero_stage"], setup["offload"]
+    for s, o in ((2, "none"), (3, "none"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")):
+        if (s, o) != (stage, offload) and (s > stage or o != "none") and fits(backend="deepspeed", zero_stage=s,
+                                                                              offload=o):
+            out.append(f"--backend deepspeed --zero-stage {s}" + (f" --offload {o}" if o != "none" else "")
+                       + " (the lowest ZeRO stage and offload that fit)")
+            break
+    if not cfg.train.gradient_checkpointing and fits(with_train(gradient_checkpointing=True)):
+        out.append("train.gradient_checkpointing=true")
+    if cfg.train.micro_batch_prompts > 1 and fits(with_train(micro_batch_prompts=1)):
+        out.append("train.micro_batch_prompts=1")
+    if not cfg.train.freeze_vision and fits(with_train(freeze_vision=True)):
+        out.append("train.freeze_vision=true")
+    for gpus in (setup["gpus"] * 2, setup["gpus"] * 4):
+        if setup["backend"] == "deepspeed" and stage >= 1 and fits(gpus=gpus):
+            out.append(f"more GPUs: --gpus {gpus} (ZeRO partitions over all ranks)")
+            break
+    out.append("hint: LoRA (issue 14; not built yet) trains a small adapter, removing most gradients and optimizer state")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------------------------------
+
+ROWS = (
+    ("parameters", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
+    ("zero3_gathered_layer", "ZeRO-3 gathered layer"), ("reference_model", "reference model (kl_coef > 0)"),
+    ("activations_text", "activations, language model"), ("activations_vision", "activations, vision tower"),
+    ("autocast_weight_copies", "bf16 weight copies (autocast)"), ("logprob_buffers", "log-prob chunk buffers"),
+    ("kv_cache", "rollout KV cache"), ("rollout_gathered_weights", "16-bit weights gathered for generate"),
+)
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def format_plan(plan: Plan) -> str:
+    s, w, mdl = plan.setup, plan.workload, plan.model
+    stage = f" ZeRO-{s['zero_stage']}" if s["backend"] == "deepspeed" else ""
+    off = f" + {s['offload']} offload" if s["offload"] != "none" else ""
+    lines = [
+        f"mmgpg plan: {mdl['name_or_path']} ({mdl['params'] / 1e9:.2f} B parameters, "
+        f"{mdl['trainable_params'] / 1e9:.2f} B trainable), {s['backend']}{stage}{off}, precision {s['precision']}, "
+        f"{s['nodes']} node(s) x {s['gpus_per_node']} GPU(s) of {s['gpu_memory_gib']:g} GiB",
+        f"micro-batch: {w['micro_batch_sequences']} sequences x {w['sequence_length']} tokens, "
+        f"{w['images_per_micro_batch']} image(s) x {w['patches_per_image']} patches; rollout: "
+        f"{w['rollout_sequences_per_rank']} sequences per GPU; gradient checkpointing "
+        f"{'on' if w['gradient_checkpointing'] else 'off'}",
+        "",
+        f"{'per GPU':<40}{'GiB':>9}",
+    ]
+    for key, label in ROWS:
+        lines.append(f"  {label:<38}{gib(plan.per_gpu_bytes[key]):>9}")
+    ph = plan.phases
+    lines += [
+        f"{'persistent':<40}{gib(ph['persistent']):>9}",
+        f"{'update phase (activations, buffers)':<40}{gib(ph['update']):>9}",
+        f"{'rollout phase (KV cache, gathers)':<40}{gib(ph['rollout']):>9}",
+        f"{'peak = persistent + max(update, rollout)':<40}{gib(ph['peak']):>9}",
+        f"{'usable (GPU memory - reserve)':<40}{gib(plan.usable_bytes):>9}",
+    ]
+    if plan.host_bytes_per_node:
+        lines.append(f"{'host memory per node (offload)':<40}{gib(plan.host_bytes_per_node):>9}")
+    ds = plan.deepspeed
+    if ds.get("available"):
+        lines.append(f"DeepSpeed estimator ({ds['function'].rsplit('.', 1)[1]}): {gib(ds['gpu_bytes'])} GiB per GPU, "
+                     f"{gib(ds['cpu_bytes_per_node'])} GiB per node CPU; ours for the same model states: "
+                     f"{gib(ds['ours_model_states_bytes'])} GiB per GPU")
+    else:
+        lines.append(f"DeepSpeed estimator: {ds['note']}")
+    if plan.fits:
+        lines.append(f"fits: peak {gib(ph['peak'])} GiB <= {gib(plan.usable_bytes)} GiB usable")
+    else:
+        lines.append(f"DOES NOT FIT: peak {gib(ph['peak'])} GiB > {gib(plan.usable_bytes)} GiB usable. Fixes, "
+                     "each of these fits on its own:")
+        lines += [f"  - {fix}" for fix in plan.fixes]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Command line (registered by mmgpg/cli.py)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def add_plan_parser(sub, add_config_args) -> None:
+    p = sub.add_parser(
+        "plan", help="per-GPU memory of a training config (no weights read); exit 1 when it does not fit",
+        description="Build the configured model on the meta device and print, per GPU, parameters, gradients, "
+        "optimizer state, the reference model, activations of one micro-batch, the log-prob chunk buffers and the "
+        "rollout's KV cache for the chosen backend, ZeRO stage and offload, with DeepSpeed's own estimate beside "
+        "ours. Exit status 1 (with the changes that would fit) when the peak exceeds --gpu-memory-gb minus "
+        "--reserve-gb. Example: mmgpg plan model.name_or_path=DIR --gpus 8 --gpu-memory-gb 80 --backend deepspeed "
+        "--zero-stage 3. See docs/plan.md.")
+    add_config_args(p)
+    p.add_argument("--gpus", type=int, required=True, help="GPUs per node")
+    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    p.add_argument("--gpu-memory-gb", type=float, required=True, help="memory of one GPU in GiB (e.g. 80)")
+    p.add_argument("--reserve-gb", type=float, default=2.0,
+                   help="kept free for the CUDA context, NCCL buffers and fragmentation (default 2 GiB; a judgement)")
+    p.add_argument("--backend", choices=BACKENDS, default="plain")
+    p.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=0, help="DeepSpeed ZeRO stage")
+    p.add_argument("--offload", choices=OFFLOADS, default="none", help="DeepSpeed offload to host memory")
+    p.add_argument("--images-per-prompt", type=int, default=1, help="images in each prompt (default 1)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args) -> int:
+    import json
+
+    from mmgpg.config import resolve
+
+    cfg = resolve(list(args.overrides), config_dirs=args.config_dir).config
+    plan = plan_memory(cfg, model_shape(cfg.model.name_or_path), gpus=args.gpus, nodes=args.nodes,
+                       gpu_memory_gb=args.gpu_memory_gb, backend=args.backend, zero_stage=args.zero_stage,
+                       offload=args.offload, reserve_gb=args.reserve_gb, images_per_prompt=args.images_per_prompt)
+    print(json.dumps(plan.to_json(), indent=2) if args.json else format_plan(plan))
+    return 0 if plan.fits else 1
