@@ -325,31 +325,48 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
 
 
 def _fixes(cfg, shape: ModelShape, **setup) -> list[str]:
-    """Each single change that makes the plan fit, found by planning it (plus LoRA as a hint)."""
-    def fits(c=cfg, **change) -> bool:
-        return plan_memory(c, shape, **{**setup, **change}, with_fixes=False).fits
+    """The single changes that make the plan fit, found by planning each; when none does, the shortest cumulative
+    list of them (in the order below) that does. LoRA is always added as a hint."""
+    t = cfg.train
+    moves: list[tuple[str, dict, dict]] = []  # (flag or override, setup change, train change)
+    for s, o in ((1, "none"), (2, "none"), (3, "none"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")):
+        if s > setup["zero_stage"] or (s == 3 and setup["zero_stage"] == 3 and o != setup["offload"] and o != "none"):
+            flag = f"--backend deepspeed --zero-stage {s}" + (f" --offload {o}" if o != "none" else "")
+            moves.append((flag, {"backend": "deepspeed", "zero_stage": s, "offload": o}, {}))
+    if not t.gradient_checkpointing:
+        moves.append(("train.gradient_checkpointing=true", {}, {"gradient_checkpointing": True}))
+    if t.micro_batch_prompts > 1:
+        moves.append(("train.micro_batch_prompts=1", {}, {"micro_batch_prompts": 1}))
+    if not t.freeze_vision:
+        moves.append(("train.freeze_vision=true", {}, {"freeze_vision": True}))
 
-    def with_train(**values):
-        return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **values))
+    def fits(setup_change: dict, train_change: dict) -> bool:
+        c = dataclasses.replace(cfg, train=dataclasses.replace(t, **train_change)) if train_change else cfg
+        return plan_memory(c, shape, **{**setup, **setup_change}, with_fixes=False).fits
 
     out: list[str] = []
-    stage, offload = setup["zero_stage"], setup["offload"]
-    for s, o in ((2, "none"), (3, "none"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")):
-        if (s, o) != (stage, offload) and (s > stage or o != "none") and fits(backend="deepspeed", zero_stage=s,
-                                                                              offload=o):
-            out.append(f"--backend deepspeed --zero-stage {s}" + (f" --offload {o}" if o != "none" else "")
-                       + " (the lowest ZeRO stage and offload that fit)")
-            break
-    if not cfg.train.gradient_checkpointing and fits(with_train(gradient_checkpointing=True)):
-        out.append("train.gradient_checkpointing=true")
-    if cfg.train.micro_batch_prompts > 1 and fits(with_train(micro_batch_prompts=1)):
-        out.append("train.micro_batch_prompts=1")
-    if not cfg.train.freeze_vision and fits(with_train(freeze_vision=True)):
-        out.append("train.freeze_vision=true")
-    for gpus in (setup["gpus"] * 2, setup["gpus"] * 4):
-        if setup["backend"] == "deepspeed" and stage >= 1 and fits(gpus=gpus):
-            out.append(f"more GPUs: --gpus {gpus} (ZeRO partitions over all ranks)")
-            break
+    ds_done = False
+    for flag, sc, tc in moves:
+        if sc and ds_done:
+            continue  # only the lowest ZeRO stage / offload that fits
+        if fits(sc, tc):
+            out.append(flag)
+            ds_done = ds_done or bool(sc)
+    if setup["backend"] == "deepspeed" and setup["zero_stage"] >= 1:
+        for gpus in (setup["gpus"] * 2, setup["gpus"] * 4):
+            if fits({"gpus": gpus}, {}):
+                out.append(f"--gpus {gpus} (ZeRO partitions model states over all ranks)")
+                break
+    if not out:  # no single change is enough: the fewest cumulative train changes, with the lowest ZeRO option
+        ds_moves = [(None, {}, {})] + [m for m in moves if m[1]]
+        others = [m for m in moves if not m[1]]
+        found = next(((ds, others[:k]) for k in range(1, len(others) + 1) for ds in ds_moves
+                      if fits(ds[1], {key: v for m in others[:k] for key, v in m[2].items()})), None)
+        if found:
+            out.append("together: " + " ".join([m[0] for m in ([found[0]] if found[0][0] else []) + found[1]]))
+        else:
+            out.append("no combination of ZeRO stage, offload, checkpointing, micro-batch 1 and a frozen vision tower "
+                       "fits on this many GPUs: add GPUs, shorten the sequences, or lower rollout.group_size")
     out.append("hint: LoRA (issue 14; not built yet) trains a small adapter, removing most gradients and optimizer state")
     return out
 
@@ -408,8 +425,8 @@ def format_plan(plan: Plan) -> str:
     if plan.fits:
         lines.append(f"fits: peak {gib(ph['peak'])} GiB <= {gib(plan.usable_bytes)} GiB usable")
     else:
-        lines.append(f"DOES NOT FIT: peak {gib(ph['peak'])} GiB > {gib(plan.usable_bytes)} GiB usable. Fixes, "
-                     "each of these fits on its own:")
+        lines.append(f"DOES NOT FIT: peak {gib(ph['peak'])} GiB > {gib(plan.usable_bytes)} GiB usable. "
+                     "Changes that would fit:")
         lines += [f"  - {fix}" for fix in plan.fixes]
     return "\n".join(lines)
 
