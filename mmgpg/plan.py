@@ -189,8 +189,12 @@ def deepspeed_estimate(params: int, largest_layer_params: int, gpus_per_node: in
     ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` print), or why there is none."""
     if zero_stage not in (2, 3):
         return {"available": False, "note": "DeepSpeed has estimators for ZeRO-2 and ZeRO-3 only"}
-    try:
-        from deepspeed.runtime.zero import stage3, stage_1_and_2
+    import contextlib
+    import sys
+
+    try:  # deepspeed logs its accelerator choice to stdout on import: keep stdout for the plan (--json)
+        with contextlib.redirect_stdout(sys.stderr):
+            from deepspeed.runtime.zero import stage3, stage_1_and_2
     except ImportError:
         return {"available": False, "note": "deepspeed is not installed (pip install 'mmgpg[deepspeed]'): "
                                             "cross-check skipped"}

@@ -269,3 +269,16 @@ def test_deepspeed_missing_is_reported_not_fatal(config_dirs, monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed.runtime.zero", None)
     est = P.deepspeed_estimate(10**9, 10**8, 8, 1, 3, "none")
     assert est["available"] is False and "cross-check skipped" in est["note"]
+
+
+def test_cli_json_is_clean_json_in_a_fresh_process(config_dirs):
+    """A fresh process imports deepspeed inside the command; its import-time log must not reach stdout."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "mmgpg", "plan", f"model.name_or_path={config_dirs['2b']}",
+                           "model=qwen2_vl_2b", "--gpus", "8", "--gpu-memory-gb", "80", "--backend", "deepspeed",
+                           "--zero-stage", "2", "--json"], capture_output=True, text=True, timeout=300)
+    plan = json.loads(proc.stdout)
+    assert proc.returncode == (0 if plan["fits"] else 1)
+    assert plan["setup"]["zero_stage"] == 2
