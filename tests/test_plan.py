@@ -276,8 +276,8 @@ def test_cli_json_is_clean_json_in_a_fresh_process(config_dirs):
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "mmgpg", "plan", f"model.name_or_path={config_dirs['2b']}",
-                           "model=qwen2_vl_2b", "--gpus", "8", "--gpu-memory-gb", "80", "--backend", "deepspeed",
+    proc = subprocess.run([sys.executable, "-m", "mmgpg", "plan", "model=qwen2_vl_2b",
+                           f"model.name_or_path={config_dirs['2b']}", "--gpus", "8", "--gpu-memory-gb", "80", "--backend", "deepspeed",
                            "--zero-stage", "2", "--json"], capture_output=True, text=True, timeout=300)
     plan = json.loads(proc.stdout)
     assert proc.returncode == (0 if plan["fits"] else 1)
