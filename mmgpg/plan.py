@@ -34,6 +34,7 @@ PRECISIONS = ("autocast", "fp32", "bf16")
 class ModelShape:
     """What the planner needs from a model: counts from the meta model, sizes from its config."""
 
+    family: str  # qwen2_vl | qwen2_5_vl
     params: int  # tied weights once
     vision_params: int
     largest_layer_params: int  # DeepSpeed's definition: most parameters owned directly by one module
@@ -81,7 +82,7 @@ def model_shape(path: str) -> ModelShape:
         v_hidden, v_inter = vision.embed_dim, int(vision.embed_dim * vision.mlp_ratio)
     else:
         v_hidden, v_inter = vision.hidden_size, vision.intermediate_size
-    return ModelShape(counts["total"], counts["vision"], largest, text.vocab_size, text.hidden_size,
+    return ModelShape(config.model_type, counts["total"], counts["vision"], largest, text.vocab_size, text.hidden_size,
                       text.intermediate_size, text.num_hidden_layers, text.num_attention_heads,
                       text.num_key_value_heads, head_dim, vision.depth, v_hidden, v_inter, vision.patch_size,
                       vision.temporal_patch_size)
@@ -154,6 +155,22 @@ def layer_activation_bytes_per_token(hidden: int, intermediate: int, heads: int,
     if precision == "autocast":
         return 34 * hidden + 8 * intermediate + 4 * heads + 8 + 2 * seq_len
     raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+
+
+def vision_layer_bytes_per_patch(family: str, hidden: int, intermediate: int, precision: str) -> int:
+    """Bytes one vision-tower block saves for backward per patch (D = vision width, M = its MLP width).
+
+    * Qwen2-VL (LayerNorm, fc1 -> QuickGELU -> fc2):  fp32 44D + 12M + 32;  bf16 22D + 6M + 24
+    * Qwen2.5-VL (RMSNorm, SwiGLU):                    fp32 52D + 16M + 24;  bf16 30D + 8M + 24
+
+    The coefficients are the saved bytes torch.autograd.graph.saved_tensors_hooks measures on CPU, solved from three
+    (D, M) pairs; tests/test_plan.py checks them at a fourth. Linear in the patch count (attention runs per image with
+    SDPA). Under autocast the fp32 count is used: an upper bound (not measured here: CPU autocast differs from CUDA's).
+    """
+    fp32 = {"qwen2_vl": (44, 12, 32), "qwen2_5_vl": (52, 16, 24)}
+    bf16 = {"qwen2_vl": (22, 6, 24), "qwen2_5_vl": (30, 8, 24)}
+    a, b, c = (bf16 if precision == "bf16" else fp32)[family]
+    return a * hidden + b * intermediate + c
 
 
 def checkpointed_layer_bytes_per_token(hidden: int, precision: str) -> int:
@@ -283,8 +300,8 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image
     images = t.micro_batch_prompts * images_per_prompt * (1 if m.encode_images_once else r.group_size)
     vision_act = 0
-    if not t.freeze_vision:  # approximation: the decoder-layer count with the vision tower's widths
-        v_layer = layer_activation_bytes_per_token(shape.vision_hidden, shape.vision_intermediate, 1, 0, precision)
+    if not t.freeze_vision:
+        v_layer = vision_layer_bytes_per_patch(shape.family, shape.vision_hidden, shape.vision_intermediate, precision)
         v_ckpt = checkpointed_layer_bytes_per_token(shape.vision_hidden, precision)
         vision_act = activation_bytes(images * patches, shape.vision_depth, v_layer, v_ckpt, t.gradient_checkpointing)
     per_gpu["activations_text"] = text_act

@@ -163,6 +163,52 @@ def test_checkpointed_layer_keeps_its_input_only(dtype, precision):
     assert per_layer == 2 * 32 * P.checkpointed_layer_bytes_per_token(256, precision)
 
 
+def _vision_saved_bytes(family: str, depth: int, dtype: torch.dtype, d: int, m: int) -> tuple[int, int]:
+    """(saved bytes, patches) of one vision-tower forward on one 224 x 224 image."""
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=2, bos_token_id=0, eos_token_id=1, pad_token_id=0,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 6, 6]})
+    ids = dict(image_token_id=500, video_token_id=501, vision_start_token_id=502, vision_end_token_id=503)
+    if family == "qwen2_vl":
+        vision = dict(depth=depth, embed_dim=d, hidden_size=128, num_heads=4, mlp_ratio=m // d)
+        model = Qwen2VLForConditionalGeneration(Qwen2VLConfig(text_config=text, vision_config=vision, **ids))
+    else:
+        vision = dict(depth=depth, hidden_size=d, out_hidden_size=128, num_heads=4, intermediate_size=m,
+                      window_size=112, fullatt_block_indexes=[depth - 1])
+        model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids))
+    model = model.to(dtype).train()
+    grid = torch.tensor([[1, 16, 16]])
+    pixels = torch.randn(256, 3 * 2 * 14 * 14, dtype=dtype)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model.model.visual(pixels, grid_thw=grid)
+    return sum(storages.values()), 256
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("dtype, precision", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
+def test_vision_block_activations_equal_what_autograd_saves(family, dtype, precision):
+    # (D, M) = (192, 384): not one of the three pairs the coefficients were solved from.
+    two, patches = _vision_saved_bytes(family, 2, dtype, 192, 384)
+    one, _ = _vision_saved_bytes(family, 1, dtype, 192, 384)
+    assert two - one == patches * P.vision_layer_bytes_per_patch(family, 192, 384, precision)
+
+
 def test_kv_cache_equals_the_cache_generate_builds():
     model = _text_model(2, torch.float32).eval()
     ids = torch.randint(3, 400, (3, 20))
