@@ -129,31 +129,33 @@ def zero3_working_set_bytes(largest_layer_params: int) -> int:
     return 4 * largest_layer_params
 
 
-def layer_activation_bytes_per_token(hidden: int, intermediate: int, heads: int, seq_len: int, precision: str) -> int:
-    """Bytes one decoder layer saves for backward per token (HF Qwen2 layer, SDPA, no dropout, padded batch).
+def layer_activation_bytes_per_token(hidden: int, intermediate: int, heads: int, seq_len: int, precision: str,
+                                     kv_dim: int | None = None, masked: bool = True) -> int:
+    """Bytes one decoder layer saves for backward per token (HF Qwen2 layer, SDPA, no dropout).
 
     Counted tensor by tensor (h = hidden, I = intermediate, a = heads, s = padded sequence length): two RMSNorms
     (input, 1/rms, normalised output), the inputs of the q/k/v/o and gate/up/down projections, SDPA's q, k, v,
-    output and log-sum-exp (k and v repeated to all a heads: transformers repeats KV heads whenever an attention mask
-    is passed, which a padded RL batch always has), the SwiGLU intermediates (4·I) and the float attention bias SDPA
-    makes from the boolean mask (s per token):
+    output and log-sum-exp, and the SwiGLU intermediates (4·I). In a padded batch (``masked``, every RL batch)
+    transformers passes a mask to SDPA, so it repeats the KV heads (k and v saved at width kv = h) and SDPA turns the
+    boolean mask into a float bias of s per token (b = s); without a mask kv = ``kv_dim`` and b = 0:
 
-    * fp32:      4·(10h + 4I + a + 2) + 4s
-    * bf16:      24h + 8I + 4a + 8 + 2s        (norms compute in fp32: their input and 1/rms are fp32 copies)
-    * autocast:  34h + 8I + 4a + 8 + 2s        (fp32 residual stream and norms; every projection saves its own
-                                                 bf16 cast of its input)
+    * fp32:      4·(8h + 2kv + 4I + a + 2) + 4b
+    * bf16:      20h + 4kv + 8I + 4a + 8 + 2b      (norms compute in fp32: their input and 1/rms are fp32 copies)
+    * autocast:  30h + 4kv + 8I + 4a + 8 + 2b      (fp32 residual stream and norms; each projection saves its own
+                                                     bf16 cast of its input; autocast's weight copies are separate)
 
-    The fp32 and bf16 lines equal the bytes that torch.autograd.graph.saved_tensors_hooks sees on CPU (tested in
-    tests/test_plan.py); the autocast line follows the same count with CUDA autocast's casting rules (a GPU-only
-    path). For comparison, Korthikanti et al. 2022 (arXiv:2205.05198) give 34·h bytes per token per layer for a
-    GPT layer with 16-bit activations and a 4h MLP, plus 5·a·s for the attention matrix without flash attention.
+    All three equal the bytes torch.autograd.graph.saved_tensors_hooks sees on CPU (tests/test_plan.py: fp32 and
+    bf16 padded and unpadded, autocast unpadded). For comparison, Korthikanti et al. 2022 (arXiv:2205.05198) give
+    34·h bytes per token per layer for a GPT layer in 16-bit with a 4h MLP, plus 5·a·s without flash attention.
     """
+    kv = hidden if masked else (kv_dim if kv_dim is not None else hidden)
+    bias = seq_len if masked else 0
     if precision == "fp32":
-        return 4 * (10 * hidden + 4 * intermediate + heads + 2) + 4 * seq_len
+        return 4 * (8 * hidden + 2 * kv + 4 * intermediate + heads + 2) + 4 * bias
     if precision == "bf16":
-        return 24 * hidden + 8 * intermediate + 4 * heads + 8 + 2 * seq_len
+        return 20 * hidden + 4 * kv + 8 * intermediate + 4 * heads + 8 + 2 * bias
     if precision == "autocast":
-        return 34 * hidden + 8 * intermediate + 4 * heads + 8 + 2 * seq_len
+        return 30 * hidden + 4 * kv + 8 * intermediate + 4 * heads + 8 + 2 * bias
     raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
 
 
@@ -294,7 +296,8 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
 
     seq_len = m.max_prompt_length + r.max_new_tokens
     sequences = t.micro_batch_prompts * r.group_size
-    text_layer = layer_activation_bytes_per_token(shape.hidden, shape.intermediate, shape.heads, seq_len, precision)
+    text_layer = layer_activation_bytes_per_token(shape.hidden, shape.intermediate, shape.heads, seq_len, precision,
+                                                  kv_dim=shape.kv_heads * shape.head_dim, masked=True)
     text_ckpt = checkpointed_layer_bytes_per_token(shape.hidden, precision)
     text_act = activation_bytes(sequences * seq_len, shape.layers, text_layer, text_ckpt, t.gradient_checkpointing)
     patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image
