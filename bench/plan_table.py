@@ -72,7 +72,8 @@ def main() -> None:
                         + (f"{gib(ds['gpu_bytes'])} | {gib(ds['cpu_bytes_per_node'])} |" if ds.get("available")
                            else "- | - |"))
             ds_text.append(_deepspeed_output(label, shape, args.gpus))
-    lines += ["", "`activations` includes the bf16 weight copies autocast keeps on the plain backend (2 bytes/param). "
+    lines += ["", "`activations` includes the bf16 weight copies autocast keeps on the plain backend (2 bytes/param; "
+              "they also count in the rollout phase). "
               "`ours states` - `DS states` is 2·P/8 for ZeRO-3 without offload: DeepSpeed's ZeRO-3 figure leaves out "
               "the rank's 2-byte parameter partition (its byte list is grads 2 + 4, master 4, Adam 8 = 18); the "
               "other rows agree to the byte. DeepSpeed's CPU column includes its 1.5x buffer factor.", ""]

@@ -8,7 +8,8 @@ that do not overlap in time, so the peak is ``persistent + max(update, rollout)`
   ZeRO-3, the gathered working set of one layer;
 * **update** — activations of one micro-batch, the chunked log-prob buffers and (plain backend under bf16
   autocast) the bf16 weight copies autocast keeps during forward and backward;
-* **rollout** — the KV cache of generation and, under ZeRO-3, the 16-bit weights gathered once for ``generate``.
+* **rollout** — the KV cache of generation, the same autocast weight copies, and under ZeRO-3 the 16-bit weights
+  gathered once for ``generate``.
 
 The backend, ZeRO stage and offload are plain arguments of :func:`plan_memory`; today they come from the command's
 flags (``train.backend`` / ``train.zero_stage`` / ``train.offload_*`` config keys are planned to become their
@@ -321,7 +322,8 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
                                           "reference_model"))
     update = sum(per_gpu[k] for k in ("activations_text", "activations_vision", "autocast_weight_copies",
                                       "logprob_buffers"))
-    rollout = per_gpu["kv_cache"] + per_gpu["rollout_gathered_weights"]
+    # generate runs under autocast too (mmgpg/trainer.py _sample_groups), so its weight copies count in both phases
+    rollout = per_gpu["kv_cache"] + per_gpu["rollout_gathered_weights"] + per_gpu["autocast_weight_copies"]
     phases = {"persistent": persistent, "update": update, "rollout": rollout,
               "peak": persistent + max(update, rollout)}
     ds = deepspeed_estimate(shape.params, shape.largest_layer_params, gpus, nodes, zero_stage, offload) \
