@@ -33,7 +33,8 @@ def main() -> None:
     args = ap.parse_args()
 
     from mmgpg.config import resolve
-    from mmgpg.plan import gib, model_shape, plan_memory
+    from mmgpg.plan import model_shape, plan_memory
+    from mmgpg.plan_cli import gib
     from mmgpg.tiny import save_config_only
 
     lines = [f"# `python bench/plan_table.py{' --out ' + args.out if args.out else ''}`", ""]

@@ -300,6 +300,10 @@ def cmd_check(args) -> int:
 
     cfg = resolve(list(args.overrides), config_dirs=args.config_dir).config
     findings = preflight(cfg, split=args.split, examples=args.examples)
+    if args.gpus is not None or args.gpu_memory_gb is not None:  # the same test as `mmgpg plan`
+        from mmgpg.plan_cli import memory_finding
+
+        findings.append(memory_finding(cfg, args))
     from rich.markup import escape
     from rich.table import Table
 
@@ -429,9 +433,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train")
     p.add_argument("--examples", type=int, default=4, help="examples to load and check")
     _add_config_args(p)
+    from mmgpg.plan_cli import add_hardware_args
+
+    add_hardware_args(p, required=False)  # with --gpus and --gpu-memory-gb: also the memory plan (mmgpg plan)
     p.set_defaults(func=cmd_check)
 
-    from mmgpg.plan import add_plan_parser
+    from mmgpg.plan_cli import add_plan_parser
 
     add_plan_parser(sub, _add_config_args)
 

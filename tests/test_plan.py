@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mmgpg import plan as P
+from mmgpg import plan_cli
 from mmgpg.cli import main
 from mmgpg.tiny import SHAPE_TRUE, SHAPE_TRUE_7B, TINY, Dims, save_config_only
 
@@ -303,7 +304,7 @@ def test_zero3_fits_and_json_schema(config_dirs, capsys):
     assert set(plan) == {"setup", "model", "workload", "per_gpu_bytes", "phases", "host_bytes_per_node", "deepspeed",
                          "usable_bytes", "fixes", "fits"}
     assert plan["fits"] is True and plan["fixes"] == []
-    assert set(plan["per_gpu_bytes"]) == {k for k, _ in P.ROWS}
+    assert set(plan["per_gpu_bytes"]) == {k for k, _ in plan_cli.ROWS}
     assert plan["phases"]["peak"] == plan["phases"]["persistent"] + max(plan["phases"]["update"],
                                                                          plan["phases"]["rollout"])
     assert plan["setup"] == {"gpus_per_node": 8, "nodes": 1, "world_size": 8, "gpu_memory_gib": 80.0,
@@ -348,3 +349,13 @@ def test_cli_json_is_clean_json_in_a_fresh_process(config_dirs):
     plan = json.loads(proc.stdout)
     assert proc.returncode == (0 if plan["fits"] else 1)
     assert plan["setup"]["zero_stage"] == 2
+
+
+def test_check_runs_the_same_memory_test(capsys):
+    args = ["check", "task=shapes", "model=tiny", "--examples", "1", "--gpus", "1", "--reserve-gb", "0"]
+    code, out, _ = run([*args, "--gpu-memory-gb", "8"], capsys)
+    assert code == 0 and "memory" in out and "fits (details: mmgpg plan)" in out
+    code, out, _ = run([*args, "--gpu-memory-gb", "0.01"], capsys)  # 10 MiB: the tiny model's plan needs more
+    assert code == 1 and "does not fit; changes that would fit:" in out
+    code, _, err = run(["check", "task=shapes", "model=tiny", "--examples", "1", "--gpus", "1"], capsys)
+    assert code == 2 and "needs both --gpus and --gpu-memory-gb" in err
