@@ -41,6 +41,11 @@ def _resolve(args):
 def cmd_model_tiny(args) -> int:
     from mmgpg.tiny import build_and_save, count_parameters
 
+    if args.config_only:
+        from mmgpg.tiny import save_config_only
+
+        print(f"wrote {save_config_only(args.out, family=args.family, size=args.size, seed=args.seed)}/config.json")
+        return 0
     t0 = time.perf_counter()
     out = build_and_save(args.out, family=args.family, size=args.size, seed=args.seed, dtype=args.dtype)
     from transformers import AutoModelForImageTextToText
@@ -317,6 +322,10 @@ def cmd_check(args) -> int:
 
     cfg = resolve(list(args.overrides), config_dirs=args.config_dir).config
     findings = preflight(cfg, split=args.split, examples=args.examples)
+    if args.gpus is not None or args.gpu_memory_gb is not None:  # the same test as `mmgpg plan`
+        from mmgpg.plan_cli import memory_finding
+
+        findings.append(memory_finding(cfg, args))
     from rich.markup import escape
     from rich.table import Table
 
@@ -447,7 +456,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train")
     p.add_argument("--examples", type=int, default=4, help="examples to load and check")
     _add_config_args(p)
+    from mmgpg.plan_cli import add_hardware_args
+
+    add_hardware_args(p, required=False)  # with --gpus and --gpu-memory-gb: also the memory plan (mmgpg plan)
     p.set_defaults(func=cmd_check)
+
+    from mmgpg.plan_cli import add_plan_parser
+
+    add_plan_parser(sub, _add_config_args)
 
     p = sub.add_parser("plot", help="PNG plots of a run's metrics (reward, valid fraction, alpha, evaluation)",
                        description="Write PNG plots of RUN_DIR/metrics.jsonl to RUN_DIR/plots (or --out).")
@@ -464,8 +480,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(vocab 151,936) for memory and speed measurements.")
     t.add_argument("--out", required=True, help="output directory")
     t.add_argument("--family", choices=["qwen2_vl", "qwen2_5_vl"], default="qwen2_vl")
-    t.add_argument("--size", choices=["tiny", "shape_true"], default="tiny",
-                   help="tiny (~1M params) or shape_true (Qwen2-VL-2B / Qwen2.5-VL-3B dimensions; ~9 GB in fp32)")
+    t.add_argument("--size", choices=["tiny", "shape_true", "shape_true_7b"], default="tiny",
+                   help="tiny (~1M params) or shape_true (Qwen2-VL-2B / Qwen2.5-VL-3B dimensions; ~9 GB in fp32) or "
+                   "shape_true_7b (Qwen2.5-VL-7B dimensions; with --config-only)")
+    t.add_argument("--config-only", action="store_true",
+                   help="write config.json only, no weights (enough for mmgpg plan and mmgpg model info)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="saved dtype (default float32 for tiny, bfloat16 for shape_true)")
