@@ -18,10 +18,10 @@ from mmgpg import resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from mmgpg.config import Resolved, save_config, to_yaml
-from mmgpg.data import PromptStream
 from mmgpg.evaluate import evaluate
 from mmgpg.policy import CompletionBatch, Policy, load_policy_for, pad_completions
 from mmgpg.rollout import build_engine
+from mmgpg.stream import PromptStream
 from mmgpg.task import Example, SkipBadRows, build_task, first_items
 from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
 

@@ -222,7 +222,7 @@ class SkipBadRows(Sequence[Example]):
         return len(self.items)
 
     def __getitem__(self, index):  # type: ignore[override]
-        from mmgpg.datasets import DataError, DataNotFound
+        from mmgpg.taskdata import DataError, DataNotFound
 
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
@@ -245,7 +245,7 @@ class SkipBadRows(Sequence[Example]):
 def good_items(items: Sequence[Example], limit: int | None, on_bad_row: str) -> tuple[list[Example], dict[int, str]]:
     """The first ``limit`` items (all when None or <= 0) for evaluation: a bad row raises, or under ``skip`` is left
     out and returned in ``{row: reason}`` (never replaced by another row, which would count it twice)."""
-    from mmgpg.datasets import DataError, DataNotFound
+    from mmgpg.taskdata import DataError, DataNotFound
 
     n = len(items) if limit is None or limit <= 0 else min(limit, len(items))
     out, skipped = [], {}
@@ -318,9 +318,9 @@ class JudgedTask:
         return LazyExamples(len(rows), lambda i: self.checked_example(split, i, rows))
 
     def checked_example(self, split: str, index: int, rows: Sequence[Any]) -> Example:
-        """:meth:`example` of row ``index``; any failure becomes one :class:`~mmgpg.datasets.DataError` naming the
+        """:meth:`example` of row ``index``; any failure becomes one :class:`~mmgpg.taskdata.DataError` naming the
         file and line (or task, split and row), the row's id and the task's own message (field, image path)."""
-        from mmgpg.datasets import BadRow, DataError, DataNotFound
+        from mmgpg.taskdata import BadRow, DataError, DataNotFound
 
         source, lines = getattr(rows, "source", ""), getattr(rows, "lines", None)
         where = (f"{source}:{lines[index]}" if source and lines else f"{source} row {index}" if source
@@ -369,10 +369,10 @@ GOLD_FIELDS = frozenset({"answer", "ground_truth"})
 
 
 def require(record: dict, keys: Sequence[str], what: str) -> None:
-    """Raise a clear :class:`~mmgpg.datasets.DataError` when a record lacks a field its schema needs or a field has
+    """Raise a clear :class:`~mmgpg.taskdata.DataError` when a record lacks a field its schema needs or a field has
     the wrong type (:data:`TEXT_FIELDS` text, :data:`GOLD_FIELDS` text/number/boxes, ``messages`` a non-empty list
     of ``{"content": text}``, ``choices`` a list of text, ``images`` a non-empty list)."""
-    from mmgpg.datasets import DataError
+    from mmgpg.taskdata import DataError
 
     if not isinstance(record, dict):
         raise DataError(f"{what}: a record must be an object with fields {', '.join(keys)}; got {type(record).__name__}")

@@ -29,9 +29,9 @@ from mmgpg import algorithms, distributed, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
 from mmgpg.config import Config, Resolved, save_config, to_yaml
-from mmgpg.data import PromptStream
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
+from mmgpg.stream import PromptStream
 from mmgpg.task import SkipBadRows, build_task, first_items
 from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
 
