@@ -9,14 +9,22 @@ Layout of ``<output_dir>/checkpoints/step-00000010/``::
 
 Everything is first written to ``.tmp-step-...`` and renamed to its final name, so a crash at any point leaves the
 previous checkpoint as the latest complete one.
+
+Loading is safe and checked. ``trainer_state.pt`` and ``rng_rank*.pt`` hold only tensors and plain Python data and are
+read with ``torch.load(weights_only=True)``, so a crafted file cannot run code. :func:`latest_checkpoint` verifies a
+checkpoint before offering it (the marker parses, the state files load, the policy's config and safetensors headers
+are intact) and falls back to the newest good one with a warning that names each bad one. Deleting a checkpoint
+removes its ``COMPLETE`` marker first, so an interrupted deletion never leaves a "complete" checkpoint without state.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +36,16 @@ from mmgpg import distributed
 _STEP_DIR = re.compile(r"step-(\d{8})")
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or used; the message names it and says what to do."""
+
+
 def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
 def complete_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Complete checkpoint directories, oldest first."""
+    """Checkpoint directories with a ``COMPLETE`` marker, oldest first (not yet verified)."""
     root = checkpoint_root(output_dir)
     if not root.is_dir():
         return []
@@ -41,62 +53,213 @@ def complete_checkpoints(output_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    done = complete_checkpoints(output_dir)
-    return done[-1] if done else None
+def latest_checkpoint(output_dir: str | Path, warn=None) -> Path | None:
+    """The newest complete checkpoint that passes :func:`verify_checkpoint`; each newer one that fails is reported
+    through ``warn`` (default: a warning on stderr) with its reason, and skipped."""
+    warn = warn or _warn
+    for candidate in reversed(complete_checkpoints(output_dir)):
+        try:
+            verify_checkpoint(candidate)
+        except CheckpointError as err:
+            warn(f"skipping checkpoint {candidate}: {err}")
+            continue
+        return candidate
+    return None
+
+
+def _read_marker(checkpoint: Path) -> dict[str, int]:
+    try:
+        meta = json.loads((checkpoint / "COMPLETE").read_text(encoding="utf-8"))
+        if not (isinstance(meta, dict) and isinstance(meta.get("step"), int) and isinstance(meta.get("world_size"), int)):
+            raise ValueError("expected {\"step\": int, \"world_size\": int}")
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"its COMPLETE marker is unreadable ({err})") from None
+    return meta
+
+
+def _safe_load(path: Path, mmap: bool = False) -> Any:
+    """``torch.load(weights_only=True)``: tensors and plain data only; a file that needs more is refused.
+    ``mmap``: map the tensors instead of reading them (a cheap check of a large optimizer state)."""
+    if not path.is_file():
+        raise CheckpointError(f"{path.name} is missing")
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
+    except Exception as err:  # noqa: BLE001 - torch raises many types for bad files; each becomes one message
+        text = str(err)
+        if "Weights only load failed" in text or "Unsupported global" in text:
+            raise CheckpointError(f"{path.name} holds Python objects other than tensors and plain data; mmgpg does "
+                                  "not unpickle those (they can run code). It was written by an older mmgpg or "
+                                  "tampered with") from None
+        first = text.splitlines()[0][:200] if text.strip() else "empty or truncated file"
+        raise CheckpointError(f"{path.name} is unreadable ({type(err).__name__}: {first})") from None
+
+
+def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
+    """Check ``checkpoint`` without loading the model: the marker, every rank's RNG file and the trainer state load
+    (safely), and ``policy/`` has a readable ``config.json`` and intact safetensors headers. Returns the marker."""
+    meta = _read_marker(checkpoint)
+    state = _safe_load(checkpoint / "trainer_state.pt", mmap=True)
+    if not isinstance(state, dict) or not {"optimizer", "scheduler", "stream", "counters"} <= set(state):
+        raise CheckpointError("trainer_state.pt lacks the optimizer, scheduler, stream or counters")
+    for rank in range(meta["world_size"]):
+        rng = _safe_load(checkpoint / f"rng_rank{rank}.pt")
+        if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
+            raise CheckpointError(f"rng_rank{rank}.pt is not an RNG state")
+    verify_policy_dir(checkpoint / "policy")
+    return meta
+
+
+def verify_policy_dir(policy: Path) -> None:
+    """A Hugging Face model directory whose ``config.json`` parses and whose safetensors files are whole."""
+    from safetensors import safe_open
+
+    if not policy.is_dir():
+        raise CheckpointError(f"{policy.name}/ is missing")
+    try:
+        json.loads((policy / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{policy.name}/config.json is unreadable ({err})") from None
+    weights = sorted(policy.glob("*.safetensors"))
+    if not weights:
+        raise CheckpointError(f"{policy.name}/ holds no *.safetensors weights")
+    for path in weights:
+        try:  # safe_open parses the header and checks that the data it describes covers the file exactly
+            with safe_open(str(path), framework="pt"):
+                pass
+        except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
+            raise CheckpointError(f"{policy.name}/{path.name} is damaged ({str(err).splitlines()[0][:200]})") from None
+
+
+def check_model_source(path: str) -> bool:
+    """True for a usable local model directory; raise a clear error for a local path that is not one (missing,
+    a file, no or unreadable config.json, no weights). A name that cannot be a hub id (``a/b/c``, ``./x``, ``/x``,
+    ``~/x``, or ``dir/x`` where ``dir`` exists here) is local: a typo is reported at once, not sent to the hub."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        head = path.split("/", 1)[0]
+        if path.startswith(("/", ".", "~")) or path.count("/") > 1 or (path.count("/") == 1 and Path(head).is_dir()):
+            siblings = sorted(x.name for x in p.parent.iterdir()) if p.parent.is_dir() else []
+            from mmgpg.config import did_you_mean
+
+            raise FileNotFoundError(f"model directory {path!r} does not exist." + did_you_mean(p.name, siblings))
+        return False
+    if not p.is_dir():
+        raise ValueError(f"model {path!r} is a file; give the model's directory (with config.json and weights)")
+    try:
+        json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"model directory {path!r} has no config.json: it is not a Hugging Face model folder") from None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"model directory {path!r}: config.json is not valid JSON ({err})") from None
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise ValueError(f"model directory {path!r} holds no weights (*.safetensors or *.bin); was the download or "
+                         "save interrupted?")
+    return True
 
 
 def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, NumPy and torch RNG states as tensors and plain data (loadable with ``weights_only=True``)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state = {"python": [version, torch.tensor(internal, dtype=torch.int64), gauss],
+             "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(int(x) for x in internal.tolist()), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: dict[str, Any], keep_last: int) -> Path:
-    """Write checkpoint ``step`` (collective: every rank calls it) and prune to the newest ``keep_last``."""
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint directory, its ``COMPLETE`` marker first (an interrupted deletion leaves it incomplete)."""
+    (path / "COMPLETE").unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: dict[str, Any], keep_last: int,
+                    extra_files: dict[str, str] | None = None) -> Path:
+    """Write checkpoint ``step`` (collective: every rank calls it) and prune to the newest ``keep_last``.
+
+    ``extra_files`` (name → text) are written beside the state by rank 0 (the resolved config)."""
     info = distributed.current()
     root = checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
+    try:
+        if info.is_main:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+            policy.model.save_pretrained(tmp / "policy")
+            policy.processor.save_pretrained(tmp / "policy")
+            torch.save(trainer_state, tmp / "trainer_state.pt")
+            for name, text in (extra_files or {}).items():
+                (tmp / name).write_text(text, encoding="utf-8")
+        distributed.barrier()
+        torch.save(rng_state(), tmp / f"rng_rank{info.rank}.pt")
+        distributed.barrier()
+        if info.is_main:
+            (tmp / "COMPLETE").write_text(json.dumps({"step": step, "world_size": info.world_size}) + "\n")
+    except Exception as err:  # noqa: BLE001 - torch, safetensors and the OS report a full disk each their own way
+        if info.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if _is_disk_full(err, root):
+            previous = latest_checkpoint(output_dir, warn=lambda _m: None)
+            raise CheckpointError(
+                f"no space left on device while writing checkpoint {final} ({shutil.disk_usage(root).free >> 20} MiB "
+                f"free on that filesystem). The partial checkpoint was removed; "
+                + (f"the previous one, {previous}, is intact. " if previous else "no earlier checkpoint exists. ")
+                + "Free space (or lower train.keep_last) and continue with train.resume=true.") from err
+        raise
     if info.is_main:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        policy.model.save_pretrained(tmp / "policy")
-        policy.processor.save_pretrained(tmp / "policy")
-        torch.save(trainer_state, tmp / "trainer_state.pt")
-    distributed.barrier()
-    torch.save(rng_state(), tmp / f"rng_rank{info.rank}.pt")
-    distributed.barrier()
-    if info.is_main:
-        (tmp / "COMPLETE").write_text(json.dumps({"step": step, "world_size": info.world_size}) + "\n")
         if final.exists():  # a checkpoint of this step from an earlier, interrupted attempt
-            shutil.rmtree(final)
+            remove_checkpoint(final)
         tmp.rename(final)
         for old in complete_checkpoints(output_dir)[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
-        for stale in root.glob(".tmp-step-*"):
-            shutil.rmtree(stale, ignore_errors=True)
+            remove_checkpoint(old)
+        for stale in root.iterdir():  # interrupted writes and deletions: directories that are not checkpoints
+            if stale.is_dir() and (stale.name.startswith(".tmp-step-")
+                                   or (_STEP_DIR.fullmatch(stale.name) and not (stale / "COMPLETE").exists())):
+                shutil.rmtree(stale, ignore_errors=True)
     distributed.barrier()
     return final
 
 
+def _is_disk_full(err: BaseException, root: Path) -> bool:
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(err)
+    if "No space left on device" in text or "os error 28" in text or "file write failed" in text:
+        return True
+    try:
+        return shutil.disk_usage(root).free < 1 << 20
+    except OSError:
+        return False
+
+
 def load_trainer_state(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(trainer_state, this rank's rng state)`` of a complete checkpoint."""
+    """``(trainer_state, this rank's rng state)`` of a complete checkpoint (safe loads; clear errors)."""
     info = distributed.current()
-    meta = json.loads((checkpoint / "COMPLETE").read_text())
+    meta = _read_marker(checkpoint)
     if meta["world_size"] != info.world_size:
-        raise ValueError(f"{checkpoint} was written by {meta['world_size']} ranks; this run has {info.world_size}. "
-                         "Resume with the same number of processes.")
-    state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
-    rng = torch.load(checkpoint / f"rng_rank{info.rank}.pt", weights_only=False)
-    return state, rng
+        raise CheckpointError(f"{checkpoint} was written by {meta['world_size']} ranks; this run has "
+                              f"{info.world_size}. Resume with the same number of processes.")
+    try:
+        return _safe_load(checkpoint / "trainer_state.pt"), _safe_load(checkpoint / f"rng_rank{info.rank}.pt")
+    except CheckpointError as err:
+        raise CheckpointError(f"checkpoint {checkpoint}: {err}") from None
+
+
+def _warn(message: str) -> None:
+    if distributed.current().is_main:
+        print(f"warning: {message}", file=sys.stderr, flush=True)

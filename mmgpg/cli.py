@@ -41,6 +41,11 @@ def _resolve(args):
 def cmd_model_tiny(args) -> int:
     from mmgpg.tiny import build_and_save, count_parameters
 
+    if args.config_only:
+        from mmgpg.tiny import save_config_only
+
+        print(f"wrote {save_config_only(args.out, family=args.family, size=args.size, seed=args.seed)}/config.json")
+        return 0
     t0 = time.perf_counter()
     out = build_and_save(args.out, family=args.family, size=args.size, seed=args.seed, dtype=args.dtype)
     from transformers import AutoModelForImageTextToText
@@ -57,10 +62,12 @@ def cmd_model_info(args) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
 
+    from mmgpg.checkpoint import check_model_source
     from mmgpg.policy import resolve_model_path
     from mmgpg.tiny import count_parameters
 
     path = resolve_model_path(args.model)
+    check_model_source(path)
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config)
@@ -235,10 +242,9 @@ def cmd_eval(args) -> int:
     import dataclasses
 
     from mmgpg.config import resolve
-    from mmgpg.datasets import read_jsonl
-    from mmgpg.evaluate import evaluate, rescore, write_evaluation
+    from mmgpg.evaluate import evaluate, read_predictions, rescore, write_evaluation
     from mmgpg.judges import check_protocol
-    from mmgpg.task import build_task, first_items
+    from mmgpg.task import build_task, good_items
     from mmgpg.utils import make_run_dir, resolve_device
 
     if bool(args.ckpt) == bool(args.predictions):
@@ -248,10 +254,21 @@ def cmd_eval(args) -> int:
     task = build_task(cfg.task.name, cfg.task.options)
     counts: dict[str, int] = {}
     if args.predictions:
-        rows = read_jsonl(args.predictions)
-        metrics, records, skipped = rescore(task, rows, args.protocol)
-        counts.update(rows=len(rows), evaluated=len(rows) - skipped, skipped=skipped)
+        rows, lines, unreadable = read_predictions(args.predictions)
+        metrics, records, skipped = rescore(task, rows, args.protocol, lines=lines)
+        ordered = sorted([*zip(lines, records), *((u["line"], u) for u in unreadable)], key=lambda pair: pair[0])
+        records = [r for _, r in ordered]
+        skipped += len(unreadable)
+        total = len(rows) + len(unreadable)
+        counts.update(rows=total, evaluated=total - skipped, skipped=skipped)
         source = {"predictions": str(Path(args.predictions).resolve())}
+        for r in [r for r in records if "skipped" in r][:5]:
+            print(f"skipped {args.predictions}:{r['line']} (id {r['id']!r}): {r['skipped']}", file=sys.stderr)
+        if skipped > 5:
+            print(f"... and {skipped - 5} more skipped rows (see predictions.jsonl)", file=sys.stderr)
+        if not total - skipped:
+            raise ValueError(f"{args.predictions}: none of its {total} rows could be judged (reasons above); fix the "
+                             "file (docs/evaluation.md lists the fields each task needs)")
     else:
         from mmgpg.checkpoint import latest_checkpoint
         from mmgpg.policy import load_policy_for
@@ -266,9 +283,13 @@ def cmd_eval(args) -> int:
         policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=ckpt)
         engine = build_engine(cfg.rollout.engine, policy, cfg)
         split = task.load(args.split)
-        metrics, records = evaluate(engine, task, first_items(split, args.limit), batch_size=args.batch_size,
+        examples, bad_rows = good_items(split, args.limit, cfg.data.on_bad_row)
+        for row, reason in bad_rows.items():
+            print(f"skipped bad data row {row}: {reason}", file=sys.stderr)
+        metrics, records = evaluate(engine, task, examples, batch_size=args.batch_size,
                                     max_new_tokens=args.max_new_tokens, protocol=args.protocol)
-        counts.update(evaluated=len(records), skipped=0, available=len(split))
+        records += [{"row": row, "skipped": reason} for row, reason in bad_rows.items()]
+        counts.update(evaluated=len(examples), skipped=len(bad_rows), available=len(split))
         source = {"checkpoint": args.ckpt, "decoding": "greedy", "max_new_tokens": args.max_new_tokens}
     counts["parse_failures"] = int(sum(r.get("parse_failure", 0) for r in records if "skipped" not in r))
     out = make_run_dir(args.output or "", "eval")
@@ -301,6 +322,10 @@ def cmd_check(args) -> int:
 
     cfg = resolve(list(args.overrides), config_dirs=args.config_dir).config
     findings = preflight(cfg, split=args.split, examples=args.examples)
+    if args.gpus is not None or args.gpu_memory_gb is not None:  # the same test as `mmgpg plan`
+        from mmgpg.plan_cli import memory_finding
+
+        findings.append(memory_finding(cfg, args))
     from rich.markup import escape
     from rich.table import Table
 
@@ -353,6 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GPG (Group Policy Gradient) and GRPO for vision-language models (Qwen2-VL, Qwen2.5-VL).",
     )
     parser.add_argument("--version", action="version", version=f"mmgpg {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback when a command fails")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("sample", help="sample G completions per task prompt and score them (log-probs, rewards)",
@@ -430,7 +456,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train")
     p.add_argument("--examples", type=int, default=4, help="examples to load and check")
     _add_config_args(p)
+    from mmgpg.plan_cli import add_hardware_args
+
+    add_hardware_args(p, required=False)  # with --gpus and --gpu-memory-gb: also the memory plan (mmgpg plan)
     p.set_defaults(func=cmd_check)
+
+    from mmgpg.plan_cli import add_plan_parser
+
+    add_plan_parser(sub, _add_config_args)
 
     p = sub.add_parser("plot", help="PNG plots of a run's metrics (reward, valid fraction, alpha, evaluation)",
                        description="Write PNG plots of RUN_DIR/metrics.jsonl to RUN_DIR/plots (or --out).")
@@ -447,8 +480,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(vocab 151,936) for memory and speed measurements.")
     t.add_argument("--out", required=True, help="output directory")
     t.add_argument("--family", choices=["qwen2_vl", "qwen2_5_vl"], default="qwen2_vl")
-    t.add_argument("--size", choices=["tiny", "shape_true"], default="tiny",
-                   help="tiny (~1M params) or shape_true (Qwen2-VL-2B / Qwen2.5-VL-3B dimensions; ~9 GB in fp32)")
+    t.add_argument("--size", choices=["tiny", "shape_true", "shape_true_7b"], default="tiny",
+                   help="tiny (~1M params) or shape_true (Qwen2-VL-2B / Qwen2.5-VL-3B dimensions; ~9 GB in fp32) or "
+                   "shape_true_7b (Qwen2.5-VL-7B dimensions; with --config-only)")
+    t.add_argument("--config-only", action="store_true",
+                   help="write config.json only, no weights (enough for mmgpg plan and mmgpg model info)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
                    help="saved dtype (default float32 for tiny, bfloat16 for shape_true)")
@@ -493,10 +529,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error("unrecognized arguments: " + " ".join(extra))
         args.overrides = [*args.overrides, *extra]
     try:
+        for folder in getattr(args, "config_dir", None) or []:
+            if not Path(folder).is_dir():
+                raise FileNotFoundError(f"--config-dir {folder!r} is not a directory; give a folder holding base.yaml "
+                                        "and/or group folders (task/, model/, algo/)")
         return int(args.func(args) or 0)
-    except (ConfigError, TaskNotFound, FileNotFoundError, FileExistsError, ValueError) as err:
-        print(f"mmgpg {args.command}: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"mmgpg {args.command}: interrupted (a run continues from its last checkpoint with "
+              "train.resume=true)", file=sys.stderr)
+        return 130
+    except Exception as err:
+        message = None if args.debug else user_error(err, (ConfigError, TaskNotFound))
+        if message is None:  # a bug, or --debug: the full traceback
+            raise
+        print(f"mmgpg {args.command}: {message}", file=sys.stderr)
         return 2
+
+
+def user_error(err: BaseException, known: tuple[type, ...]) -> str | None:
+    """The one-message form of an error caused by input (config, files, data, disk), or None for a bug."""
+    import errno
+
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = f" writing {err.filename}" if err.filename else ""
+        return f"no space left on device{where}. Free space and run again (train.resume=true continues a run)."
+    if isinstance(err, (*known, ValueError, OSError)):  # bad values, files, permissions, an unreachable hub
+        return str(err)
+    return None
 
 
 if __name__ == "__main__":

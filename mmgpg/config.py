@@ -147,12 +147,17 @@ class TrainConfig:
     max_nonfinite_steps: int = 3
     """Optimizer steps whose gradient norm is NaN/Inf are skipped (no update; counted as train/nonfinite_steps);
     after more than this many in a row, training stops with an error. 0: stop at the first."""
-    save_every: int = 0
-    """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT)."""
+    save_every: int = 50
+    """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT). The default bounds what a crash
+    (a bad data row, a lost node) can cost to 50 steps; keep_last bounds the disk used."""
     keep_last: int = 2
     """Checkpoints kept; older ones are deleted after a new one is complete."""
     resume: bool = False
-    """Continue from the latest complete checkpoint in output_dir (metrics after it are rewritten)."""
+    """Continue from the newest complete, intact checkpoint in output_dir (metrics after it are rewritten; without a
+    checkpoint the run starts over and earlier logs move to abandoned-<time>/)."""
+    resume_config: Literal["refuse", "new"] = "refuse"
+    """On resume with a config that differs from the checkpoint's: refuse (list the keys) or apply the new values
+    (recorded in config_changes.jsonl). Logging and saving keys may always change."""
     tensorboard: bool = True
     """Write TensorBoard scalars to output_dir/tensorboard."""
     wandb: bool = False
@@ -184,6 +189,9 @@ class SftConfig:
     """Clip the gradient norm to this; 0 disables clipping."""
     eval_every: int = 0
     """Greedy evaluation every N steps, logged as eval/<metric> (0: only at the end)."""
+    save_every: int = 50
+    """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT); train.resume=true continues from
+    the newest one and train.keep_last bounds how many are kept, as for `mmgpg train`."""
 
 
 @dataclass
@@ -195,11 +203,20 @@ class TaskConfig:
 
 
 @dataclass
+class DataConfig:
+    on_bad_row: Literal["error", "skip"] = "error"
+    """A data row that cannot be used (bad JSON, wrong field types, a damaged or missing image): stop with a message
+    naming file, row and field (error), or skip it, warn and count it (skip: data/skipped_rows in metrics.jsonl)."""
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model and its image preprocessing."""
     task: TaskConfig = field(default_factory=TaskConfig)
     """The task: its prompts, images and rewards."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """What to do with bad data rows."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """How completions are sampled."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
@@ -647,7 +664,7 @@ def check(cfg: Config) -> list[Problem]:
         if value < low:
             p.append(Problem(f"train.{key}", value, f"It must be >= {low}.", f"set train.{key} to an integer >= {low}."))
     for key, value, low in (("max_steps", cfg.sft.max_steps, 1), ("batch_size", cfg.sft.batch_size, 1),
-                            ("eval_every", cfg.sft.eval_every, 0)):
+                            ("eval_every", cfg.sft.eval_every, 0), ("save_every", cfg.sft.save_every, 0)):
         if value < low:
             p.append(Problem(f"sft.{key}", value, f"It must be >= {low}.", f"set sft.{key} to an integer >= {low}."))
     if cfg.sft.learning_rate <= 0:

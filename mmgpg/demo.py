@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 
 @dataclass
@@ -44,11 +43,12 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     from mmgpg.plots import plot_run
     from mmgpg.sft import SFTTrainer
     from mmgpg.trainer import Trainer
+    from mmgpg.utils import run_dir_path
 
     if s.threads:
         torch.set_num_threads(s.threads)
     say = console.print if console is not None else print
-    out = Path(s.output or f"runs/demo-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = run_dir_path(s.output or "", "demo")
     common = ["task=shapes", "model=tiny", f"seed={s.seed}", "rollout.max_new_tokens=32", "device=cpu",
               f"train.eval_limit={s.eval_limit}", f"task.num_test={max(s.eval_limit, 1)}", *s.overrides]
     t0 = time.perf_counter()

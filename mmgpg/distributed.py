@@ -9,7 +9,7 @@ all-reduce per bucket of gradients after the local backward passes computes it. 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,11 @@ def all_sum(values: Iterable[float], device: torch.device | str = "cpu") -> list
     t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.tolist()
+
+
+def sum_counts(counts: Mapping[str, float], device: torch.device | str = "cpu") -> dict[str, float]:
+    """Named counts summed over ranks (one all-reduce): ``{"num_samples": 8, ...}`` → the same keys, global values."""
+    return dict(zip(counts, all_sum(counts.values(), device)))
 
 
 def all_max(value: float, device: torch.device | str = "cpu") -> float:

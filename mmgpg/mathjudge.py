@@ -100,6 +100,11 @@ _JOBS = {"parse_verify": _job_parse_verify, "choice": _job_choice, "latex_equal"
 def _serve(read_fd: int, write_fd: int) -> None:
     requests, replies = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
     import logging
+    import signal
+
+    # Ctrl-C in a terminal reaches the whole process group: the parent decides what to do; the worker ends when the
+    # parent closes the pipe or kills it, never with a KeyboardInterrupt traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     import math_verify  # noqa: F401 - imported before "ready", so start-up time never counts against a call
 
@@ -123,6 +128,31 @@ def _serve(read_fd: int, write_fd: int) -> None:
 # ---- the caller side --------------------------------------------------------------------------------------------
 
 
+def worker_command(read_fd: int, write_fd: int) -> list[str]:
+    """The worker's command line, isolated from the directory the user runs mmgpg in.
+
+    ``python -c`` would put the current directory first on ``sys.path``, so a ``math_verify.py`` or ``sympy.py``
+    there would be imported and run. The worker starts with ``-I`` (no current directory, no ``PYTHONPATH``, no user
+    site), gets the parent's ``sys.path`` without the current directory and ``''``, runs in a neutral directory and
+    loads this very file by its path.
+    """
+    here = os.path.realpath(os.getcwd())
+    paths = [p for p in sys.path if p and os.path.realpath(p) != here]
+    code = ("import sys, importlib.util\n"
+            f"sys.path[:] = {paths!r}\n"
+            f"spec = importlib.util.spec_from_file_location('mmgpg_mathjudge_worker', {os.path.abspath(__file__)!r})\n"
+            "module = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(module)\n"
+            f"module._serve({read_fd}, {write_fd})\n")
+    return [sys.executable, "-I", "-c", code]
+
+
+def _neutral_dir() -> str:
+    import tempfile
+
+    return os.path.realpath(tempfile.gettempdir()) if os.path.isdir(tempfile.gettempdir()) else "/"
+
+
 class MathWorker:
     """One worker process; thread-safe; restarts after a timeout or a crash."""
 
@@ -137,10 +167,8 @@ class MathWorker:
     def _start(self) -> None:
         to_child_r, to_child_w = os.pipe()
         to_parent_r, to_parent_w = os.pipe()
-        code = f"from mmgpg.mathjudge import _serve; _serve({to_child_r}, {to_parent_w})"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        self._proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=(to_child_r, to_parent_w), env=env,
-                                      stdin=subprocess.DEVNULL, close_fds=True)
+        self._proc = subprocess.Popen(worker_command(to_child_r, to_parent_w), pass_fds=(to_child_r, to_parent_w),
+                                      cwd=_neutral_dir(), stdin=subprocess.DEVNULL, close_fds=True)
         os.close(to_child_r)
         os.close(to_parent_w)
         self._send, self._recv = Connection(to_child_w, readable=False), Connection(to_parent_r, writable=False)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from mmgpg.jsonl import read_jsonl
 
 PANELS = (
     ("reward/total", "reward (sampled, all attempts)"),
@@ -17,7 +18,11 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: give a run directory written by mmgpg train or mmgpg sft")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    read = read_jsonl(path, torn_tail="drop")
+    for number, row in zip(read.lines, read.rows):
+        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+            raise ValueError(f"{path}:{number}: a record without an integer 'step': not an mmgpg metrics log")
+    return read.rows
 
 
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:

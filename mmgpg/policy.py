@@ -639,12 +639,15 @@ def load_policy(
     """
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
+    from mmgpg.checkpoint import check_model_source
+
     path = resolve_model_path(name_or_path)
-    if not Path(path).exists() and path.startswith(("/", "./", "../", "~")):
-        raise FileNotFoundError(f"model directory {path!r} does not exist")
+    local = check_model_source(path)
     try:
         config = AutoConfig.from_pretrained(path)
-    except OSError as err:
+    except (OSError, ValueError) as err:
+        if local:
+            raise ValueError(f"model directory {path!r}: its config.json cannot be used ({str(err)[:300]})") from None
         raise OSError(
             f"could not load model {name_or_path!r}: it is not a local directory and the Hugging Face hub did not "
             f"provide it ({err}). Offline, download it elsewhere and pass the directory, or use model=tiny."

@@ -9,18 +9,21 @@ tokens (the task's ``gold_completion(example)`` followed by ``<|im_end|>``), com
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from mmgpg import resume
 from mmgpg.backends import OptimizerSettings, build_backend
-from mmgpg.config import Resolved, save_config
-from mmgpg.data import PromptStream
+from mmgpg.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
+from mmgpg.config import Resolved, save_config, to_yaml
 from mmgpg.evaluate import evaluate
 from mmgpg.policy import CompletionBatch, Policy, load_policy_for, pad_completions
 from mmgpg.rollout import build_engine
-from mmgpg.task import Example, build_task, first_items
-from mmgpg.utils import make_run_dir, seed_everything
+from mmgpg.stream import PromptStream
+from mmgpg.task import Example, SkipBadRows, build_task, first_items
+from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
 
 # torch.optim.AdamW's default weight decay, which mmgpg sft has always used (its demo numbers depend on it).
 SFT_WEIGHT_DECAY = 0.01
@@ -41,7 +44,8 @@ def gold_rollout(policy: Policy, task: Any, examples: list[Example]) -> Completi
 
 class SFTTrainer:
     """Single-process SFT (``mmgpg sft``) on the training backend (``train.backend``); writes metrics.jsonl,
-    config.yaml and ``final/`` (a Hugging Face dir)."""
+    config.yaml, checkpoints (``sft.save_every``, at the end and on SIGTERM/SIGINT; ``train.resume=true`` continues
+    exactly, as for ``mmgpg train``) and ``final/`` (a Hugging Face dir)."""
 
     def __init__(self, resolved: Resolved, run_dir: str | Path | None = None):
         self.resolved, self.cfg = resolved, resolved.config
@@ -49,52 +53,89 @@ class SFTTrainer:
         self.backend = build_backend(cfg.train.backend, cfg)
         if self.backend.dist.enabled:
             raise ValueError("mmgpg sft runs in a single process; start it without torchrun")
-        self.run_dir = Path(run_dir) if run_dir else make_run_dir(cfg.output_dir, "sft")
-        if (self.run_dir / "metrics.jsonl").exists():
-            raise FileExistsError(f"{self.run_dir} already holds a run (metrics.jsonl); choose another output_dir")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(resolved, self.run_dir, "sft")
+        self.run_dir = Path(run_dir) if run_dir else run_dir_path(cfg.output_dir, "sft")
+        checkpoint = resume.start_or_resume(self.run_dir, cfg.train.resume)
+        self.step = 0
         seed_everything(cfg.seed)
-        self.policy = load_policy_for(cfg.model, self.backend.device,
+        source = str(checkpoint / "policy") if checkpoint else cfg.model.name_or_path
+        self.policy = load_policy_for(cfg.model, self.backend.device, source=source,
                                       dtype=self.backend.weights_dtype(cfg.model.dtype))
         self.task = build_task(cfg.task.name, cfg.task.options)
-        self.dataset = self.task.load(cfg.train.split)
+        self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.eval_examples = first_items(self.task.load(cfg.train.eval_split), cfg.train.eval_limit)
         self.stream = PromptStream(len(self.dataset), cfg.seed)
-        self.backend.prepare(self.policy.model, OptimizerSettings(
-            cfg.sft.learning_rate, weight_decay=SFT_WEIGHT_DECAY, max_grad_norm=cfg.sft.max_grad_norm,
-            total_steps=cfg.sft.max_steps))
+        self.backend.prepare(self.policy.model, self._optimizer_settings())
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
+        if checkpoint is not None:
+            changed = resume.check_config(cfg, checkpoint, self.run_dir, record=True, command="sft")
+            state, rng = load_trainer_state(checkpoint)
+            self.backend.load_state_dict(state)
+            if changed:
+                self.backend.apply_settings(self._optimizer_settings())
+            self.stream.load_state_dict(state["stream"])
+            self.step = int(state["counters"]["step"])
+            set_rng_state(rng)  # last: loading the model consumed random numbers
+            resume.truncate_logs(self.run_dir, self.step)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not (checkpoint is not None and (self.run_dir / "config.yaml").exists()):  # provenance is never rewritten
+            save_config(resolved, self.run_dir, "sft")
+        self.stopper = GracefulStop(lambda: self.step + 1)
+
+    def _optimizer_settings(self) -> OptimizerSettings:
+        s = self.cfg.sft
+        return OptimizerSettings(s.learning_rate, weight_decay=SFT_WEIGHT_DECAY, max_grad_norm=s.max_grad_norm,
+                                 total_steps=s.max_steps)
 
     def evaluate(self) -> dict[str, float]:
         metrics, _ = evaluate(self.engine, self.task, self.eval_examples,
                               max_new_tokens=self.cfg.rollout.max_new_tokens)
         return {f"eval/{k}": v for k, v in metrics.items()}
 
-    def train(self, progress=None) -> Path:
-        cfg, s = self.cfg, self.cfg.sft
+    def save(self) -> Path:
+        state = {**self.backend.state_dict(), "stream": self.stream.state_dict(), "counters": {"step": self.step}}
+        return save_checkpoint(self.run_dir, self.step, self.policy, state, self.cfg.train.keep_last,
+                               extra_files={"config.yaml": to_yaml(self.cfg)})
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        examples = [self.dataset[i] for i in self.stream.next(cfg.sft.batch_size)]
+        batch = gold_rollout(self.policy, self.task, examples)
         model = self.policy.model
-        for step in range(1, s.max_steps + 1):
-            t0 = time.perf_counter()
-            examples = [self.dataset[i] for i in self.stream.next(s.batch_size)]
-            rollout = gold_rollout(self.policy, self.task, examples)
-            model.train()
-            with self.backend.autocast():
-                logp = self.policy.completion_logprobs(rollout, chunk_size=cfg.model.logprob_chunk_size)
-            loss = -(logp * rollout.completion_mask).sum() / rollout.completion_mask.sum()
-            self.backend.backward(loss)
-            self.backend.reduce_gradients()
-            grad_norm = self.backend.step().grad_norm
-            model.eval()
-            metrics = {"step": step, "loss/sft": float(loss.detach()), "grad_norm": grad_norm,
-                       "time/step": time.perf_counter() - t0}
-            if (s.eval_every and step % s.eval_every == 0) or step == s.max_steps:
-                metrics.update(self.evaluate())
-            with open(self.run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(metrics) + "\n")
-            if progress is not None:
-                progress(metrics)
+        model.train()
+        with self.backend.autocast():
+            logp = self.policy.completion_logprobs(batch, chunk_size=cfg.model.logprob_chunk_size)
+        loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
+        self.backend.backward(loss)
+        self.backend.reduce_gradients()
+        grad_norm = self.backend.step().grad_norm
+        model.eval()
+        self.step += 1
+        return {"step": self.step, "loss/sft": float(loss.detach()), "grad_norm": grad_norm,
+                "time/step": time.perf_counter() - t0}
+
+    def train(self, progress=None) -> Path:
+        """Run to ``sft.max_steps`` (or stop at a step boundary with a checkpoint on SIGTERM/SIGINT); return the
+        ``final/`` model directory, or the stopping checkpoint's ``policy/`` when stopped early."""
+        s = self.cfg.sft
+        with self.stopper:
+            while self.step < s.max_steps:
+                metrics = self.train_step()
+                if (s.eval_every and self.step % s.eval_every == 0) or self.step == s.max_steps:
+                    metrics.update(self.evaluate())
+                with open(self.run_dir / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps(metrics) + "\n")
+                if progress is not None:
+                    progress(metrics)
+                last = self.step >= s.max_steps
+                if last or self.stopper.requested or (s.save_every and self.step % s.save_every == 0):
+                    saved = self.save()
+                if self.stopper.requested and not last:
+                    print(f"stopped by signal at step {self.step}; checkpoint saved (continue with "
+                          "train.resume=true)", file=sys.stderr, flush=True)
+                    return saved / "policy"
         final = self.run_dir / "final"
-        model.save_pretrained(final)
+        self.policy.model.save_pretrained(final)
         self.policy.processor.save_pretrained(final)
         return final
+

@@ -94,10 +94,10 @@ def _load_file_class(ref: str) -> type:
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # a task file that calls sys.exit() must not end mmgpg "successfully"
             del sys.modules[module_name]
-            raise TaskNotFound(f"Importing {str(path)!r} failed: {type(err).__name__}: {err}.",
-                               "fix the error in that file.") from err
+            what = f"called sys.exit({err.code!r})" if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}"
+            raise TaskNotFound(f"Importing {str(path)!r} failed: {what}.", "fix the error in that file.") from err
     cls = getattr(module, cls_name, None)
     if cls is None:
         names = [n for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module_name]
@@ -124,7 +124,7 @@ def find_task_class(name: str) -> type:
             )
         try:
             cls = tasks[name].load()
-        except Exception as err:
+        except (Exception, SystemExit) as err:
             raise TaskNotFound(f"Task {name!r} ({tasks[name].value}) failed to import: {type(err).__name__}: {err}.",
                                "reinstall the package that provides it.") from err
     missing = [a for a in ("name", "version", "load", "prompt") if not hasattr(cls, a)]
@@ -208,6 +208,57 @@ class LazyExamples(Sequence[Example]):
         return self.make(index % self.n)
 
 
+class SkipBadRows(Sequence[Example]):
+    """A split under ``data.on_bad_row``. ``error``: a bad row raises its message. ``skip``: item ``i`` is the first
+    good row at or after ``i`` (cyclically), so the training stream stays deterministic and a resumed run skips the
+    same rows; each bad row is warned about once and counted in :attr:`skipped` (row index → reason)."""
+
+    def __init__(self, items: Sequence[Example], on_bad_row: str, warn: Callable[[str], None] | None = None):
+        self.items, self.on_bad_row = items, on_bad_row
+        self.skipped: dict[int, str] = {}
+        self.warn = warn or (lambda message: print(f"warning: {message}", file=sys.stderr, flush=True))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        from mmgpg.taskdata import DataError, DataNotFound
+
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self.items)
+        for k in range(n):
+            j = (index + k) % n
+            if j in self.skipped:
+                continue
+            try:
+                return self.items[j]
+            except (DataError, DataNotFound) as err:
+                if self.on_bad_row != "skip":
+                    raise
+                self.skipped[j] = str(err)
+                self.warn(f"skipped bad data row ({len(self.skipped)} so far): {err}")
+        raise DataError(f"every one of the {n} rows is bad (data.on_bad_row=skip); the first: "
+                        f"{next(iter(self.skipped.values()), '?')}")
+
+
+def good_items(items: Sequence[Example], limit: int | None, on_bad_row: str) -> tuple[list[Example], dict[int, str]]:
+    """The first ``limit`` items (all when None or <= 0) for evaluation: a bad row raises, or under ``skip`` is left
+    out and returned in ``{row: reason}`` (never replaced by another row, which would count it twice)."""
+    from mmgpg.taskdata import DataError, DataNotFound
+
+    n = len(items) if limit is None or limit <= 0 else min(limit, len(items))
+    out, skipped = [], {}
+    for i in range(n):
+        try:
+            out.append(items[i])
+        except (DataError, DataNotFound) as err:
+            if on_bad_row != "skip":
+                raise
+            skipped[i] = str(err)
+    return out, skipped
+
+
 def image_parts(example: Example) -> list[dict]:
     """The example's images as chat content parts."""
     return [{"type": "image", "image": im} for im in example.images]
@@ -233,6 +284,8 @@ class JudgedTask:
     protocols: ClassVar[tuple[str, ...]] = ("paper", "strict")
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
     format_prefix: ClassVar[str] = ""
+    categories: ClassVar[tuple[str, ...]] = ()
+    """The values a record's ``category`` may take (empty: the task has no categories, any text is kept)."""
 
     def __post_init__(self):
         if self.reward_protocol not in self.protocols:
@@ -262,7 +315,28 @@ class JudgedTask:
 
     def load(self, split: str) -> Sequence[Example]:
         rows = self.rows(split)
-        return LazyExamples(len(rows), lambda i: self.example(split, i, rows[i]))
+        return LazyExamples(len(rows), lambda i: self.checked_example(split, i, rows))
+
+    def checked_example(self, split: str, index: int, rows: Sequence[Any]) -> Example:
+        """:meth:`example` of row ``index``; any failure becomes one :class:`~mmgpg.taskdata.DataError` naming the
+        file and line (or task, split and row), the row's id and the task's own message (field, image path)."""
+        from mmgpg.taskdata import BadRow, DataError, DataNotFound
+
+        source, lines = getattr(rows, "source", ""), getattr(rows, "lines", None)
+        where = (f"{source}:{lines[index]}" if source and lines else f"{source} row {index}" if source
+                 else f"{self.name} {split} row {index}")
+        row = rows[index]
+        if isinstance(row, BadRow):
+            raise DataError(f"{where}: {row.reason}")
+        if not isinstance(row, dict):
+            raise DataError(f"{where}: a row must be a JSON object with the task's fields; got {type(row).__name__}")
+        try:
+            return self.example(split, index, row)
+        except (DataError, DataNotFound, ValueError, KeyError, IndexError, TypeError, AttributeError, OSError) as err:
+            if isinstance(err, DataNotFound):  # missing files stay FileNotFoundErrors (with the download advice)
+                raise DataNotFound(f"{where}: {err}") from None
+            detail = str(err) if isinstance(err, (DataError, ValueError)) else f"{type(err).__name__}: {err}"
+            raise DataError(f"{where}: {detail}") from None
 
     def check_split(self, split: str) -> None:
         if split not in self.splits:
@@ -288,9 +362,49 @@ class JudgedTask:
                 "parse_failures": float(sum(r.get("parse_failure", 0.0) for r in per_sample))}
 
 
+TEXT_FIELDS = frozenset({"problem", "solution", "question", "prompt", "class", "task", "category", "text"})
+"""Fields that are text in every schema mmgpg reads: a number or a list there is a data error, not a prompt."""
+GOLD_FIELDS = frozenset({"answer", "ground_truth"})
+"""Gold answers: text, a finite number, or a list of numbers (a box)."""
+
+
 def require(record: dict, keys: Sequence[str], what: str) -> None:
-    """Raise a clear error when a record lacks a field its schema needs."""
+    """Raise a clear :class:`~mmgpg.taskdata.DataError` when a record lacks a field its schema needs or a field has
+    the wrong type (:data:`TEXT_FIELDS` text, :data:`GOLD_FIELDS` text/number/boxes, ``messages`` a non-empty list
+    of ``{"content": text}``, ``choices`` a list of text, ``images`` a non-empty list)."""
+    from mmgpg.taskdata import DataError
+
+    if not isinstance(record, dict):
+        raise DataError(f"{what}: a record must be an object with fields {', '.join(keys)}; got {type(record).__name__}")
+    rid = record.get("id", record.get("idx", "?"))
     missing = [k for k in keys if k not in record or record[k] is None]
     if missing:
-        raise ValueError(f"{what}: record {record.get('id', '?')!r} lacks {', '.join(missing)}; "
-                         f"it has {', '.join(sorted(record)) or 'no fields'}")
+        raise DataError(f"{what}: record {rid!r} lacks {', '.join(missing)}; "
+                        f"it has {', '.join(sorted(map(str, record))) or 'no fields'}")
+    for key in keys:
+        problem = _field_problem(key, record[key])
+        if problem:
+            raise DataError(f"{what}: record {rid!r}: field {key!r} {problem}")
+
+
+def _field_problem(key: str, value: Any) -> str:
+    import math
+
+    kind = type(value).__name__
+    if key in TEXT_FIELDS and not isinstance(value, str):
+        return f"must be text; got {kind} {str(value)[:40]!r}"
+    if key in GOLD_FIELDS:
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in items) or (
+                isinstance(value, list) and not all(isinstance(v, (int, float)) for v in items)):
+            return f"must be text, a number or a list of numbers; got {kind} {str(value)[:40]!r}"
+        if any(isinstance(v, float) and not math.isfinite(v) for v in items):
+            return "is not a finite number"
+    if key == "messages" and not (isinstance(value, list) and value and all(
+            isinstance(m, dict) and isinstance(m.get("content"), str) for m in value)):
+        return "must be a non-empty list of {\"role\": ..., \"content\": text} messages"
+    if key == "choices" and not (isinstance(value, list) and all(isinstance(c, str) for c in value)):
+        return f"must be a list of option texts; got {kind}"
+    if key == "images" and not (isinstance(value, list) and value):
+        return f"must be a non-empty list of images; got {kind}"
+    return ""

@@ -5,13 +5,14 @@ Nothing here downloads anything. The result is a standard Hugging Face directory
 ``processor_config.json`` — that ``AutoProcessor.from_pretrained(dir)`` and
 ``AutoModelForImageTextToText.from_pretrained(dir)`` load, exactly like a hub checkpoint.
 
-Two sizes:
+Sizes:
 
 * ``tiny`` (default): about 1 M parameters, a byte-level BPE tokenizer of 1,024 tokens trained here on a small
   synthetic corpus, Qwen2-VL's 14 special tokens (ids 0–13) and a Qwen2-VL-style chat template. For tests and the
   CPU demo.
 * ``shape_true``: the real Qwen2-VL-2B-Instruct (or Qwen2.5-VL-3B-Instruct) dimensions, vocabulary 151,936
-  included, randomly initialised. For memory and speed measurements; it has no knowledge. Its tokenizer is still
+  included, randomly initialised; ``shape_true_7b``: Qwen2.5-VL-7B-Instruct's (with :func:`save_config_only` only, for
+  ``mmgpg plan``: its weights would take 33 GB of memory to initialise). For memory and speed measurements; it has no knowledge. Its tokenizer is still
   the small local one (ids < 1,024), which does not change any tensor shape the model computes with.
 """
 
@@ -23,9 +24,9 @@ from pathlib import Path
 from typing import Literal
 
 Family = Literal["qwen2_vl", "qwen2_5_vl"]
-Size = Literal["tiny", "shape_true"]
+Size = Literal["tiny", "shape_true", "shape_true_7b"]
 FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
-SIZES: tuple[str, ...] = ("tiny", "shape_true")
+SIZES: tuple[str, ...] = ("tiny", "shape_true", "shape_true_7b")
 
 # Qwen2-VL's special tokens, in the order of their ids in the real tokenizer (151643 ... 151656).
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -110,9 +111,22 @@ SHAPE_TRUE = {
 }
 
 
+# Qwen2.5-VL-7B-Instruct, from its config.json (huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct/blob/main/config.json):
+# vocab_size 152064, hidden_size 3584, intermediate_size 18944, num_hidden_layers 28, num_attention_heads 28,
+# num_key_value_heads 4, mrope_section [16, 24, 24], rope_theta 1e6, tie_word_embeddings false; vision_config depth
+# 32, hidden_size 1280, num_heads 16, intermediate_size 3420, out_hidden_size 3584 (the LLM width). The same LLM
+# numbers are in Table 1 of the Qwen2.5-VL technical report (arXiv:2502.13923: 28 layers, 4 KV heads, head size 128,
+# FFN 18944, no embedding tying). Qwen2.5-VL only: `dims_for` refuses it for qwen2_vl.
+SHAPE_TRUE_7B = Dims(152064, 3584, 18944, 28, 28, 4, (16, 24, 24), 1e6, False, 32, 1280, 16, 3420)
+
+
 def dims_for(family: Family, size: Size) -> Dims:
     _check_choice("family", family, FAMILIES)
     _check_choice("size", size, SIZES)
+    if size == "shape_true_7b":
+        if family != "qwen2_5_vl":
+            raise ValueError("size shape_true_7b is Qwen2.5-VL-7B's shape: use --family qwen2_5_vl")
+        return SHAPE_TRUE_7B
     return TINY if size == "tiny" else SHAPE_TRUE[family]
 
 
@@ -260,6 +274,22 @@ def build_and_save(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     processor.save_pretrained(out)
+    return out
+
+
+def save_config_only(out: str | Path, family: Family = "qwen2_vl", size: Size = "shape_true", seed: int = 0) -> Path:
+    """Write only ``config.json`` (and ``generation_config.json``) of a model of these dimensions: no weights, so even
+    a 7B shape takes a second. Enough for anything that builds the model on the meta device (``mmgpg plan``,
+    ``mmgpg model info``); not loadable with ``from_pretrained``."""
+    from transformers import GenerationConfig
+
+    out = Path(out)
+    tokenizer = build_tokenizer(seed)
+    config = build_config(family, dims_for(family, size), tokenizer)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    GenerationConfig(eos_token_id=eos, pad_token_id=eos[1], bos_token_id=eos[1]).save_pretrained(out)
     return out
 
 

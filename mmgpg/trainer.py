@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,15 +25,15 @@ from typing import Any
 
 import torch
 
-from mmgpg import algorithms, distributed
+from mmgpg import algorithms, distributed, resume
 from mmgpg.backends import OptimizerSettings, build_backend
-from mmgpg.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
-from mmgpg.config import Config, Resolved, save_config
-from mmgpg.data import PromptStream
+from mmgpg.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
+from mmgpg.config import Config, Resolved, save_config, to_yaml
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
-from mmgpg.rollout import Group, Sampling, build_engine, collect_groups, sample_groups
-from mmgpg.task import build_task, first_items
-from mmgpg.utils import seed_everything
+from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
+from mmgpg.stream import PromptStream
+from mmgpg.task import SkipBadRows, build_task, first_items
+from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
 
 
 @dataclass
@@ -78,15 +77,14 @@ class Trainer:
         self._check_layout()
         self.per_rank = cfg.train.prompts_per_step // self.dist.world_size
 
-        name = run_dir if run_dir is not None else cfg.output_dir or f"runs/train-{time.strftime('%Y%m%d-%H%M%S')}"
+        name = run_dir if run_dir is not None else run_dir_path(cfg.output_dir, "train")
         self.run_dir = Path(distributed.broadcast_object(str(name)))
-        self._check_run_dir()
+        checkpoint = resume.start_or_resume(self.run_dir, cfg.train.resume, is_main=self.dist.is_main)
         self.state = StepState()
-        checkpoint = latest_checkpoint(self.run_dir) if cfg.train.resume else None
 
         seed_everything(cfg.seed + self.dist.rank)
         self.task = build_task(cfg.task.name, cfg.task.options)
-        self.dataset = self.task.load(cfg.train.split)
+        self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
         dtype = self.backend.weights_dtype(cfg.model.dtype)
         source = str(checkpoint / "policy") if checkpoint else cfg.model.name_or_path
@@ -103,20 +101,17 @@ class Trainer:
                 model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
             else:  # transformers 5.19
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        t = cfg.train
-        # The schedule has max_steps x updates_per_batch slots; a skipped step advances it too.
-        self.backend.prepare(model, OptimizerSettings(
-            t.learning_rate, t.weight_decay, tuple(t.adam_betas), t.adam_eps, t.max_grad_norm, t.lr_scheduler,
-            t.warmup_steps, total_steps=t.max_steps * cfg.algo.updates_per_batch))
+        self.backend.prepare(model, self._optimizer_settings())
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
         self.sampling = Sampling.from_config(cfg.rollout)
         if checkpoint is not None:
             self._resume(checkpoint)
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.resolved, self.run_dir, "train")
+            if not (cfg.train.resume and (self.run_dir / "config.yaml").exists()):  # provenance is never rewritten
+                save_config(self.resolved, self.run_dir, "train")
         distributed.barrier()
-        self._stop_requested = False
+        self.stopper = GracefulStop(lambda: self.state.step + 1, announce=self.dist.is_main)
         self.tb = self.wandb = None
 
     # ---- set-up helpers -------------------------------------------------------------------------------------------
@@ -142,38 +137,36 @@ class Trainer:
         if problems:
             raise ConfigError(problems)
 
-    def _check_run_dir(self) -> None:
-        if self.cfg.train.resume:
-            return
-        used = [p for p in ("metrics.jsonl", "checkpoints") if (self.run_dir / p).exists()]
-        if used:
-            raise FileExistsError(f"{self.run_dir} already holds a run ({', '.join(used)}); continue it with "
-                                  "train.resume=true or choose another output_dir")
+    def _optimizer_settings(self) -> OptimizerSettings:
+        t = self.cfg.train
+        # The schedule has max_steps x updates_per_batch slots; a skipped step advances it too.
+        return OptimizerSettings(t.learning_rate, t.weight_decay, tuple(t.adam_betas), t.adam_eps, t.max_grad_norm,
+                                 t.lr_scheduler, t.warmup_steps, total_steps=t.max_steps * self.cfg.algo.updates_per_batch)
 
     def _load(self, source: str, dtype: str) -> Policy:
         return load_policy_for(self.cfg.model, self.device, source=source, dtype=dtype)
 
     def _resume(self, checkpoint: Path) -> None:
         state, rng = load_trainer_state(checkpoint)
+        # Before anything is loaded: a refused config change leaves no trace.
+        changed = resume.check_config(self.cfg, checkpoint, self.run_dir, record=self.dist.is_main)
         self.backend.load_state_dict(state)
         self.stream.load_state_dict(state["stream"])
         self.state = StepState(**state["counters"])
+        if changed:  # train.resume_config=new: the new optimizer settings over the checkpoint's
+            self.backend.apply_settings(self._optimizer_settings())
         set_rng_state(rng)  # last: loading models above consumed random numbers
         if self.dist.is_main:
-            for name in ("metrics.jsonl", "prompt_success.jsonl"):
-                _truncate_jsonl(self.run_dir / name, self.state.step)
+            resume.truncate_logs(self.run_dir, self.state.step)
 
     # ---- phase 1: rollout -----------------------------------------------------------------------------------------
 
-    def rollout(self) -> tuple[list[Group], dict[str, float], list[Group]]:
-        """Sample until the update's valid fraction reaches β_th (or the attempt cap); return
-        ``(update groups, rollout metrics, every group generated)`` (:func:`mmgpg.rollout.collect_groups`)."""
+    def rollout(self) -> Collected:
+        """Sample until the update's valid fraction reaches β_th (or the attempt cap)
+        (:func:`mmgpg.rollout.collect_groups`)."""
         a = self.cfg.algo
-        update, generated, stats = collect_groups(self._sample_groups, self.per_rank,
-                                                  min_valid_fraction=a.min_valid_fraction,
-                                                  max_attempts=a.max_resample_attempts,
-                                                  comm_device=self.backend.comm_device)
-        return update, stats.metrics(), generated
+        return collect_groups(self._sample_groups, self.per_rank, min_valid_fraction=a.min_valid_fraction,
+                              max_attempts=a.max_resample_attempts, comm_device=self.backend.comm_device)
 
     def _sample_groups(self, attempt: int) -> list[Group]:
         """One attempt: the next ``per_rank`` prompts of the stream, ``group_size`` completions each, scored."""
@@ -191,8 +184,10 @@ class Trainer:
             rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
             for g, adv in zip(groups, algorithms.ADVANTAGES[a.advantage](rewards, a.std_eps).tolist()):
                 g.advantages = adv
-        local = [len(groups) * G, sum(G for g in groups if g.zero_variance), sum(g.num_tokens for g in groups)]
-        num_samples, num_zero, num_tokens = distributed.all_sum(local, self.backend.comm_device)
+        total = distributed.sum_counts({"num_samples": len(groups) * G,
+                                        "num_zero_variance": sum(G for g in groups if g.zero_variance),
+                                        "num_tokens": sum(g.num_tokens for g in groups)}, self.backend.comm_device)
+        num_samples, num_zero, num_tokens = total["num_samples"], total["num_zero_variance"], total["num_tokens"]
         informative = num_samples - num_zero > 0
         alpha = (algorithms.gpg_alpha(num_samples, num_zero) if a.alpha_correction else 1.0) if informative else None
         denominator = algorithms.aggregation_denominator(a.aggregation, int(num_samples), int(num_tokens),
@@ -314,38 +309,39 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         timings: dict[str, float] = {}
         t_step = t0 = time.perf_counter()
-        groups, rollout_stats, generated = self.rollout()
+        collected = self.rollout()
         timings["time/rollout"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        counts = self.advantages(groups)
+        counts = self.advantages(collected.update)
         timings["time/advantages"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        update_stats = self.update(groups, counts)
+        update_stats = self.update(collected.update, counts)
         timings["time/update"] = time.perf_counter() - t0
         self.state.step += 1
         timings["time/step"] = time.perf_counter() - t_step
-        metrics = self._metrics(generated, counts, rollout_stats, update_stats, timings)
-        self._write_success_records(generated)
+        metrics = self._metrics(collected, counts, update_stats, timings)
+        self._write_success_records(collected.generated)
         return metrics
 
-    def _metrics(self, generated: list[Group], counts: StepCounts, rollout_stats, update_stats, timings) -> dict[str, Any]:
-        G = self.cfg.rollout.group_size
+    def _metrics(self, collected: Collected, counts: StepCounts, update_stats, timings) -> dict[str, Any]:
+        generated, G, eos = collected.generated, self.cfg.rollout.group_size, set(self.policy.eos_token_ids)
         names = sorted(generated[0].components) if generated else []
-        local = [float(len(generated) * G), sum(sum(g.rewards) for g in generated),
-                 float(sum(g.num_tokens for g in generated)),
-                 float(sum(len(c) == self.cfg.rollout.max_new_tokens for g in generated for c in g.completion_ids))]
-        local += [sum(sum(g.components[n]) for g in generated) for n in names]
-        summed = distributed.all_sum(local, self.backend.comm_device)
-        n = max(summed[0], 1.0)
-        metrics: dict[str, Any] = {"step": self.state.step, "reward/total": summed[1] / n}
-        metrics.update({f"reward/{name}": summed[4 + i] / n for i, name in enumerate(names)})
+        summed = distributed.sum_counts({
+            "completions": len(generated) * G, "reward": sum(sum(g.rewards) for g in generated),
+            "tokens": sum(g.num_tokens for g in generated),
+            "truncated": sum(not c or c[-1] not in eos for g in generated for c in g.completion_ids),
+            **{f"reward/{name}": sum(sum(g.components[name]) for g in generated) for name in names}},
+            self.backend.comm_device)
+        n = max(summed["completions"], 1.0)
+        metrics: dict[str, Any] = {"step": self.state.step, "reward/total": summed["reward"] / n}
+        metrics.update({f"reward/{name}": summed[f"reward/{name}"] / n for name in names})
         metrics.update({
             "gpg/alpha": counts.alpha, "gpg/valid_fraction": counts.valid_fraction,
             "gpg/skipped_steps": self.state.skipped_steps, "gpg/num_samples": counts.num_samples,
             "gpg/num_zero_variance": counts.num_zero_variance, "train/nonfinite_steps": self.state.nonfinite_steps,
-            "rollout/completion_tokens": summed[2] / n, "rollout/truncated_fraction": summed[3] / n,
-            **rollout_stats, **update_stats, "lr": self.backend.learning_rate(), **timings,
-            "throughput/completion_tokens_per_s": summed[2] / max(timings["time/step"], 1e-9),
+            "rollout/completion_tokens": summed["tokens"] / n, "rollout/truncated_fraction": summed["truncated"] / n,
+            **collected.metrics(), **update_stats, "lr": self.backend.learning_rate(), **timings,
+            "throughput/completion_tokens_per_s": summed["tokens"] / max(timings["time/step"], 1e-9),
         })
         return metrics
 
@@ -370,6 +366,8 @@ class Trainer:
     def _log(self, metrics: dict[str, Any]) -> None:
         if not self.dist.is_main:
             return
+        if getattr(self.dataset, "skipped", None):  # data.on_bad_row=skip: rows rank 0 skipped so far
+            metrics["data/skipped_rows"] = len(self.dataset.skipped)
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps(metrics) + "\n")
         step = metrics["step"]
@@ -416,10 +414,8 @@ class Trainer:
 
     def save(self) -> Path:
         state = {**self.backend.state_dict(), "stream": self.stream.state_dict(), "counters": vars(self.state).copy()}
-        return save_checkpoint(self.run_dir, self.state.step, self.policy, state, self.cfg.train.keep_last)
-
-    def _request_stop(self, signum, frame) -> None:
-        self._stop_requested = True
+        return save_checkpoint(self.run_dir, self.state.step, self.policy, state, self.cfg.train.keep_last,
+                               extra_files={"config.yaml": to_yaml(self.cfg)})
 
     # ---- the loop -------------------------------------------------------------------------------------------------
 
@@ -427,7 +423,7 @@ class Trainer:
         """Run until ``train.max_steps``; save at ``save_every``, at the end, and at a SIGTERM/SIGINT step boundary."""
         cfg = self.cfg
         self._open_writers()
-        previous = {s: signal.signal(s, self._request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        self.stopper.__enter__()
         progress = _Progress(cfg.train.max_steps, self.state.step, enabled=cfg.train.progress and self.dist.is_main)
         if not self.dist.is_main:
             progress.note = lambda text: None  # type: ignore[method-assign]
@@ -442,7 +438,7 @@ class Trainer:
                 self._log(metrics)
                 progress.update(metrics)
                 last = self.state.step >= cfg.train.max_steps
-                stop = distributed.all_max(float(self._stop_requested), self.backend.comm_device) > 0
+                stop = distributed.all_max(float(self.stopper.requested), self.backend.comm_device) > 0
                 if last or stop or (cfg.train.save_every and self.state.step % cfg.train.save_every == 0):
                     self.save()
                 if stop:
@@ -450,21 +446,12 @@ class Trainer:
                     break
         finally:
             progress.close()
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            self.stopper.__exit__()
             if self.tb is not None:
                 self.tb.close()
             if self.wandb is not None:
                 self.wandb.finish()
         return self.run_dir
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Keep the records of steps <= last_step (a resumed run rewrites what came after its checkpoint)."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
 
 
 class _Progress:

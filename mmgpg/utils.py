@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import random
+import signal
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +20,42 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def run_dir_path(output_dir: str, command: str) -> Path:
+    """``output_dir``, or ``runs/<command>-<YYYYmmdd-HHMMSS>`` when it is empty (the one default spelling)."""
+    return Path(output_dir) if output_dir else Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def make_run_dir(output_dir: str, command: str) -> Path:
-    """``output_dir`` (created), or ``runs/<command>-<YYYYmmdd-HHMMSS>`` when it is empty."""
-    path = Path(output_dir) if output_dir else Path("runs") / f"{command}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """:func:`run_dir_path`, created."""
+    path = run_dir_path(output_dir, command)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+class GracefulStop:
+    """While active (``with``): SIGTERM or a first Ctrl-C asks the loop to stop at the next step boundary with a
+    checkpoint (``requested``); a second Ctrl-C aborts at once (``KeyboardInterrupt``). The previous handlers come
+    back on exit. ``next_step()`` names the step the message promises; ``announce`` prints it (rank 0)."""
+
+    def __init__(self, next_step: Callable[[], int], announce: bool = True):
+        self.next_step, self.announce, self.requested = next_step, announce, False
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:  # a second Ctrl-C aborts at once, without saving
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.announce:
+            print(f"\n{signal.Signals(signum).name}: stopping after step {self.next_step()} with a checkpoint; "
+                  "press Ctrl-C again to abort now without saving", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> GracefulStop:
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
 
 
 def resolve_device(name: str) -> torch.device:

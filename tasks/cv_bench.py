@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mmgpg import mathjudge
-from mmgpg.datasets import load_records, open_image
 from mmgpg.judges import choice_judge
 from mmgpg.rewards import LETTERS, extract_answer, sat_string_reward, strict_choice, strict_label_match
 from mmgpg.task import Example, JudgedTask, image_parts, require
+from mmgpg.taskdata import load_records, open_image
 
 R1_ZERO = ("A conversation between User and Assistant. The user asks a question about the image, and the Assistant "
            "solves it. The assistant first thinks about the reasoning process in the mind and then provides the user "
@@ -57,6 +57,7 @@ class CVBenchTask(JudgedTask):
     """CV-Bench (Count, Relation, Depth, Distance), trained on SAT."""
 
     name: ClassVar[str] = "cv_bench"
+    categories: ClassVar[tuple[str, ...]] = CATEGORIES
     version: ClassVar[str] = "1"
 
     train_data: str = ""

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mmgpg import mathjudge
-from mmgpg.datasets import load_records, open_image, shipped
 from mmgpg.judges import label_judge
 from mmgpg.rewards import answer_or_whole, extract_answer, paper_label_match, strict_label_match
 from mmgpg.task import Example, JudgedTask, require
+from mmgpg.taskdata import load_records, open_image, shipped
 
 DATASETS = {
     # name: (hub id of the 4-shot training set, subject, what to identify)

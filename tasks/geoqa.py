@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mmgpg import mathjudge
-from mmgpg.datasets import load_records, open_image, shipped
 from mmgpg.judges import math_judge
 from mmgpg.rewards import answer_or_whole
 from mmgpg.task import Example, JudgedTask, require
+from mmgpg.taskdata import load_records, open_image, shipped
 
 SUFFIX = "Output the thinking process in <think> </think> and final answer (number) in <answer> </answer> tags."
 GET_TRAIN = ("Download it on a connected machine with `python -c \"import datasets; datasets.load_dataset("

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmgpg.datasets import DataNotFound, open_image
 from mmgpg.judges import box_judge
 from mmgpg.rewards import box_text, paper_box_reward, pixels_to_norm1000, rescale_box, strict_box_reward
 from mmgpg.task import Example, JudgedTask, LazyExamples, require
+from mmgpg.taskdata import DataNotFound, open_image
 
 TRAIN_TEMPLATE = ("{Question} Output the thinking process in <think> </think> and your grouding box. Following "
                   "\"<think> thinking process </think>\n<answer>(x1,y1),(x2,y2)</answer>)\" format.")

@@ -94,3 +94,7 @@ def pytest_sessionfinish(session, exitstatus):
     passed = len(reporter.stats.get("passed", [])) if reporter else 0
     if exitstatus == 0 and passed == 0:
         session.exitstatus = 5
+
+
+# The fault tests' shared run (tests/faults_support.py): registered here so that any test module can use it.
+from faults_support import checkpoint_copy, trained_run  # noqa: E402, F401

@@ -104,12 +104,11 @@ def _collect_worker(rank: int, world: int, init_file: str, out: str, min_valid: 
 
     _init(rank, world, init_file)
     try:
-        update, generated, stats = collect_groups(_scripted_sampler(rank), 2, min_valid_fraction=min_valid,
-                                                  max_attempts=max_attempts)
+        got = collect_groups(_scripted_sampler(rank), 2, min_valid_fraction=min_valid, max_attempts=max_attempts)
         Path(f"{out}/rank{rank}.json").write_text(json.dumps({
-            "update": [g.example.id for g in update], "in_update": [g.example.id for g in generated if g.in_update],
-            "generated": [g.example.id for g in generated], "attempts": stats.attempts,
-            "dropped": stats.dropped_valid_groups}))
+            "update": [g.example.id for g in got.update], "generated": [g.example.id for g in got.generated],
+            "in_update": [g.example.id for g in got.generated if g.in_update], "attempts": got.attempts,
+            "dropped": got.dropped_valid_groups}))
     finally:
         dist.destroy_process_group()
 

@@ -32,7 +32,7 @@ from anchor_judges import (
 from judge_corpus import cv_bench_corpus, fine_grained_corpus, lisa_corpus
 
 from mmgpg.cli import main
-from mmgpg.datasets import shipped
+from mmgpg.taskdata import shipped
 
 N = 2000
 

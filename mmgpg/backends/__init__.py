@@ -57,6 +57,10 @@ class TrainingBackend(Protocol):
         """Take ownership of ``model``'s trainable parameters: build the optimizer and the schedule."""
         ...
 
+    def apply_settings(self, settings: OptimizerSettings) -> None:
+        """Replace the loaded state's hyper-parameters by ``settings`` (a resume with an accepted config change)."""
+        ...
+
     def backward(self, loss: torch.Tensor) -> None: ...
 
     def reduce_gradients(self) -> None:

@@ -56,6 +56,18 @@ class PlainBackend:
         self.scheduler = get_scheduler(settings.lr_scheduler, self.optimizer, num_warmup_steps=settings.warmup_steps,
                                        num_training_steps=settings.total_steps)
 
+    def apply_settings(self, settings: OptimizerSettings) -> None:
+        """After :meth:`load_state_dict`: AdamW's hyper-parameters and the schedule's base learning rate from
+        ``settings`` instead of the checkpoint's (``train.resume_config=new``); the schedule position is kept."""
+        self.settings = settings
+        for group in self.optimizer.param_groups:
+            group.update(initial_lr=settings.learning_rate, betas=tuple(settings.betas), eps=settings.eps,
+                         weight_decay=settings.weight_decay)
+        self.scheduler.base_lrs = [settings.learning_rate] * len(self.optimizer.param_groups)
+        for group, fn in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
+            group["lr"] = settings.learning_rate * fn(self.scheduler.last_epoch)
+        self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 

@@ -78,9 +78,13 @@ def sample_groups(engine: RolloutEngine, task, examples: Sequence[Example], grou
 
 
 @dataclass(frozen=True)
-class CollectStats:
+class Collected:
+    """What one step's rollout phase hands to the advantages phase."""
+
+    update: list[Group]  # this rank's update batch (exactly per_rank groups)
+    generated: list[Group]  # every group sampled on this rank, all attempts (logged and recorded)
     attempts: int
-    dropped_valid_groups: int
+    dropped_valid_groups: int  # informative groups beyond per_rank on this rank
 
     def metrics(self) -> dict[str, float]:
         return {"rollout/resample_attempts": float(self.attempts),
@@ -105,12 +109,11 @@ def assemble_update(generated: Sequence[Group], per_rank: int) -> tuple[list[Gro
 
 
 def collect_groups(sample: Callable[[int], list[Group]], per_rank: int, *, min_valid_fraction: float,
-                   max_attempts: int, comm_device=None) -> tuple[list[Group], list[Group], CollectStats]:
+                   max_attempts: int, comm_device=None) -> Collected:
     """Run ``sample(attempt)`` (which returns this rank's ``per_rank`` new groups) until the global valid fraction
     of the update reaches ``min_valid_fraction`` or ``max_attempts`` attempts were made.
 
     Collective: every rank must call it (the stopping rule uses a sum over ranks, so all ranks stop together).
-    Returns ``(update, every generated group, stats)``.
     """
     generated: list[Group] = []
     total = per_rank * distributed.current().world_size
@@ -124,4 +127,4 @@ def collect_groups(sample: Callable[[int], list[Group]], per_rank: int, *, min_v
                                                                         min_valid_fraction):
             break
     update, dropped = assemble_update(generated, per_rank)
-    return update, generated, CollectStats(attempts, dropped)
+    return Collected(update, generated, attempts, dropped)

@@ -1,0 +1,397 @@
+"""``mmgpg plan``: per-GPU memory of a training configuration, before any GPU time is spent.
+
+The model is built on the meta device from its ``config.json`` (no weights are read), so parameter counts are the
+real ones; the rest are the formulas below, each a small pure function with its source. A step has three phases
+that do not overlap in time, so the peak is ``persistent + max(update, rollout)``:
+
+* **persistent** — parameters, gradients, optimizer state, the GRPO reference model (``algo.kl_coef > 0``) and, under
+  ZeRO-3, the gathered working set of one layer;
+* **update** — activations of one micro-batch, the chunked log-prob buffers and (plain backend under bf16
+  autocast) the bf16 weight copies autocast keeps during forward and backward;
+* **rollout** — the KV cache of generation, the same autocast weight copies, and under ZeRO-3 the 16-bit weights
+  gathered once for ``generate``.
+
+The backend, ZeRO stage and offload are plain arguments of :func:`plan_memory`; today they come from the command's
+flags (``train.backend`` / ``train.zero_stage`` / ``train.offload_*`` config keys are planned to become their
+defaults). DeepSpeed's own model-state estimators are printed beside ours when ``deepspeed`` is installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+GIB = 2**30
+BACKENDS = ("plain", "deepspeed")
+OFFLOADS = ("none", "optimizer", "optimizer+params")
+# The precision of the training forward: "autocast" = fp32 weights under bf16 autocast (the plain backend on a
+# bf16 GPU with model.dtype=auto: mmgpg/trainer.py), "fp32" = everything fp32, "bf16" = 16-bit weights, no autocast
+# (model.dtype=bfloat16/float16, and DeepSpeed's bf16 mode with fp32 master weights inside the optimizer).
+PRECISIONS = ("autocast", "fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the planner needs from a model: counts from the meta model, sizes from its config."""
+
+    family: str  # qwen2_vl | qwen2_5_vl
+    params: int  # tied weights once
+    vision_params: int
+    largest_layer_params: int  # DeepSpeed's definition: most parameters owned directly by one module
+    vocab: int
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vision_depth: int
+    vision_hidden: int
+    vision_intermediate: int
+    patch_size: int
+    temporal_patch_size: int
+
+
+def model_shape(path: str) -> ModelShape:
+    """Read ``config.json`` of a model directory (or hub id, when the hub is reachable) and count parameters on the
+    meta device."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from mmgpg.policy import SUPPORTED_MODEL_TYPES, resolve_model_path
+    from mmgpg.tiny import count_parameters
+
+    path = resolve_model_path(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except OSError as err:
+        raise ValueError(
+            f"could not read the config of model {path!r} ({str(err).splitlines()[0]}). The planner needs only its "
+            "config.json: pass a local directory as model.name_or_path=DIR (a downloaded checkpoint, or the real "
+            "dimensions without weights: mmgpg model tiny --size shape_true --config-only --out DIR)."
+        ) from None
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"{path!r} is a {config.model_type!r} model; mmgpg plans {', '.join(SUPPORTED_MODEL_TYPES)}")
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(config)
+    counts = count_parameters(model)
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    text, vision = config.text_config, config.vision_config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    if config.model_type == "qwen2_vl":
+        v_hidden, v_inter = vision.embed_dim, int(vision.embed_dim * vision.mlp_ratio)
+    else:
+        v_hidden, v_inter = vision.hidden_size, vision.intermediate_size
+    return ModelShape(config.model_type, counts["total"], counts["vision"], largest, text.vocab_size, text.hidden_size,
+                      text.intermediate_size, text.num_hidden_layers, text.num_attention_heads,
+                      text.num_key_value_heads, head_dim, vision.depth, v_hidden, v_inter, vision.patch_size,
+                      vision.temporal_patch_size)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Formulas (bytes). P = parameters, T = trainable parameters, N = world size (GPUs x nodes).
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def model_state_bytes(params: int, trainable: int, world: int, backend: str, zero_stage: int, offload: str,
+                      precision: str) -> dict[str, int]:
+    """Per-GPU parameters, gradients and optimizer state, and what offload puts in host memory (per rank).
+
+    plain (mmgpg/trainer.py: torch AdamW, gradients summed over ranks, nothing partitioned):
+      weights w·P, gradients w·T, AdamW m and v 2w·T, with w = 4 (fp32 master weights under bf16 autocast, or
+      fp32) or 2 (model.dtype=bfloat16: AdamW keeps its state in the parameter dtype) — 16 bytes/param by default.
+    deepspeed (bf16 with fp32 master weights; ZeRO paper, Rajbhandari et al. 2020, and the byte list of
+    deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs):
+      16-bit parameters 2·P, 16-bit gradients 2·T, and 16·T of fp32 state: master weights 4, gradients 4, m and v 8.
+      Stage 1 partitions the fp32 state (/N), stage 2 also the 16-bit gradients, stage 3 also the 16-bit
+      parameters. Offloading the optimizer moves the fp32 state and (stages 2-3) the gradients to the host;
+      offloading parameters (stage 3) moves the 16-bit parameter partition too.
+    """
+    if backend == "plain":
+        w = 2 if precision == "bf16" else 4
+        return {"parameters": w * params, "gradients": w * trainable, "optimizer": 2 * w * trainable, "host": 0}
+    opt_off, param_off = offload != "none", offload == "optimizer+params"
+    p16 = 2 * params / world if zero_stage == 3 else 2 * params
+    g16 = 2 * trainable / world if zero_stage >= 2 else 2 * trainable
+    fp32_state = 16 * trainable / world if zero_stage >= 1 else 16 * trainable
+    host = 0.0
+    if opt_off:
+        host += fp32_state + (g16 if zero_stage >= 2 else 0)
+        fp32_state, g16 = 0, (0 if zero_stage >= 2 else g16)
+    if param_off:
+        host, p16 = host + p16, 0
+    return {"parameters": int(p16), "gradients": int(g16), "optimizer": int(fp32_state), "host": int(host)}
+
+
+def zero3_working_set_bytes(largest_layer_params: int) -> int:
+    """ZeRO-3 gathers each layer's 16-bit parameters (and produces its 16-bit gradient) before partitioning them
+    again: 4 bytes x the largest layer, the same term as DeepSpeed's ``estimate_zero3_model_states_mem_needs``."""
+    return 4 * largest_layer_params
+
+
+def layer_activation_bytes_per_token(hidden: int, intermediate: int, heads: int, seq_len: int, precision: str,
+                                     kv_dim: int | None = None, masked: bool = True) -> int:
+    """Bytes one decoder layer saves for backward per token (HF Qwen2 layer, SDPA, no dropout).
+
+    Counted tensor by tensor (h = hidden, I = intermediate, a = heads, s = padded sequence length): two RMSNorms
+    (input, 1/rms, normalised output), the inputs of the q/k/v/o and gate/up/down projections, SDPA's q, k, v,
+    output and log-sum-exp, and the SwiGLU intermediates (4·I). In a padded batch (``masked``, every RL batch)
+    transformers passes a mask to SDPA, so it repeats the KV heads (k and v saved at width kv = h) and SDPA turns the
+    boolean mask into a float bias of s per token (b = s); without a mask kv = ``kv_dim`` and b = 0:
+
+    * fp32:      4·(8h + 2kv + 4I + a + 2) + 4b
+    * bf16:      20h + 4kv + 8I + 4a + 8 + 2b      (norms compute in fp32: their input and 1/rms are fp32 copies)
+    * autocast:  30h + 4kv + 8I + 4a + 8 + 2b      (fp32 residual stream and norms; each projection saves its own
+                                                     bf16 cast of its input; autocast's weight copies are separate)
+
+    All three equal the bytes torch.autograd.graph.saved_tensors_hooks sees on CPU (tests/test_plan.py: fp32 and
+    bf16 padded and unpadded, autocast unpadded). For comparison, Korthikanti et al. 2022 (arXiv:2205.05198) give
+    34·h bytes per token per layer for a GPT layer in 16-bit with a 4h MLP, plus 5·a·s without flash attention.
+    """
+    kv = hidden if masked else (kv_dim if kv_dim is not None else hidden)
+    bias = seq_len if masked else 0
+    if precision == "fp32":
+        return 4 * (8 * hidden + 2 * kv + 4 * intermediate + heads + 2) + 4 * bias
+    if precision == "bf16":
+        return 20 * hidden + 4 * kv + 8 * intermediate + 4 * heads + 8 + 2 * bias
+    if precision == "autocast":
+        return 30 * hidden + 4 * kv + 8 * intermediate + 4 * heads + 8 + 2 * bias
+    raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+
+
+def vision_layer_bytes_per_patch(family: str, hidden: int, intermediate: int, precision: str) -> int:
+    """Bytes one vision-tower block saves for backward per patch (D = vision width, M = its MLP width).
+
+    * Qwen2-VL (LayerNorm, fc1 -> QuickGELU -> fc2):  fp32 44D + 12M + 32;  bf16 22D + 6M + 24
+    * Qwen2.5-VL (RMSNorm, SwiGLU):                    fp32 52D + 16M + 24;  bf16 30D + 8M + 24
+
+    The coefficients are the saved bytes torch.autograd.graph.saved_tensors_hooks measures on CPU, solved from three
+    (D, M) pairs; tests/test_plan.py checks them at a fourth. Linear in the patch count (attention runs per image with
+    SDPA). Under autocast the fp32 count is used: an upper bound (not measured here: CPU autocast differs from CUDA's).
+    """
+    fp32 = {"qwen2_vl": (44, 12, 32), "qwen2_5_vl": (52, 16, 24)}
+    bf16 = {"qwen2_vl": (22, 6, 24), "qwen2_5_vl": (30, 8, 24)}
+    a, b, c = (bf16 if precision == "bf16" else fp32)[family]
+    return a * hidden + b * intermediate + c
+
+
+def checkpointed_layer_bytes_per_token(hidden: int, precision: str) -> int:
+    """With gradient checkpointing each layer keeps only its input (the residual stream: fp32 unless the weights
+    are 16-bit); one layer's full activations are recomputed at a time in backward."""
+    return (2 if precision == "bf16" else 4) * hidden
+
+
+def activation_bytes(tokens: int, layers: int, per_token_layer: int, per_token_checkpointed: int,
+                     checkpointing: bool) -> int:
+    """All layers of a stack: ``tokens·layers·per_token_layer`` without checkpointing;
+    ``tokens·(layers·per_token_checkpointed + per_token_layer)`` with it (inputs kept, one layer recomputed)."""
+    if checkpointing:
+        return tokens * (layers * per_token_checkpointed + per_token_layer)
+    return tokens * layers * per_token_layer
+
+
+def logprob_bytes(chunk: int, vocab: int, hidden: int, weight_bytes: int, scored_tokens: int, act_bytes: int) -> int:
+    """mmgpg/policy.py ``chunked_token_logprobs``: three fp32 ``[chunk, V]`` blocks (logits, their softmax terms,
+    the gradient block), the ``[V, H]`` gradient buffer of the output embedding (``torch.zeros_like(weight)``) and
+    the ``[K, H]`` hidden states of the scored positions saved for backward."""
+    return 3 * 4 * chunk * vocab + weight_bytes * vocab * hidden + act_bytes * scored_tokens * hidden
+
+
+def kv_cache_bytes(sequences: int, tokens: int, layers: int, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """``sequences x tokens x layers x 2 (K and V) x kv_heads x head_dim x bytes`` (HF generate's DynamicCache)."""
+    return sequences * tokens * layers * 2 * kv_heads * head_dim * dtype_bytes
+
+
+def deepspeed_estimate(params: int, largest_layer_params: int, gpus_per_node: int, nodes: int, zero_stage: int,
+                       offload: str) -> dict[str, Any]:
+    """DeepSpeed's own per-GPU and per-node-CPU figures for ZeRO-2 / ZeRO-3 model states (the functions its
+    ``estimate_zero{2,3}_model_states_mem_needs_all_cold`` print), or why there is none."""
+    if zero_stage not in (2, 3):
+        return {"available": False, "note": "DeepSpeed has estimators for ZeRO-2 and ZeRO-3 only"}
+    import contextlib
+    import sys
+
+    try:  # deepspeed logs its accelerator choice to stdout on import: keep stdout for the plan (--json)
+        with contextlib.redirect_stdout(sys.stderr):
+            from deepspeed.runtime.zero import stage3, stage_1_and_2
+    except ImportError:
+        return {"available": False, "note": "deepspeed is not installed (pip install 'mmgpg[deepspeed]'): "
+                                            "cross-check skipped"}
+    if zero_stage == 2:
+        fn = "deepspeed.runtime.zero.stage_1_and_2.estimate_zero2_model_states_mem_needs"
+        cpu, gpu = stage_1_and_2.estimate_zero2_model_states_mem_needs(
+            params, gpus_per_node, nodes, cpu_offload=offload != "none")
+    else:
+        fn = "deepspeed.runtime.zero.stage3.estimate_zero3_model_states_mem_needs"
+        cpu, gpu, _ = stage3.estimate_zero3_model_states_mem_needs(
+            params, largest_layer_params, gpus_per_node, nodes, cpu_offload=offload != "none",
+            cpu_offload_params=offload == "optimizer+params", zero_init=True)
+    return {"available": True, "function": fn, "gpu_bytes": int(gpu), "cpu_bytes_per_node": int(cpu)}
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The plan
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    setup: dict[str, Any]
+    model: dict[str, Any]
+    workload: dict[str, Any]
+    per_gpu_bytes: dict[str, int]
+    phases: dict[str, int]
+    host_bytes_per_node: int
+    deepspeed: dict[str, Any]
+    usable_bytes: int
+    fixes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.phases["peak"] <= self.usable_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "fits": self.fits}
+
+
+def check_setup(backend: str, zero_stage: int, offload: str, gpus: int, nodes: int, gpu_memory_gb: float) -> None:
+    """One clear message for a combination DeepSpeed or mmgpg does not support."""
+    if backend not in BACKENDS:
+        raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if offload not in OFFLOADS:
+        raise ValueError(f"--offload must be one of {', '.join(OFFLOADS)}; got {offload!r}")
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"--zero-stage must be 0, 1, 2 or 3; got {zero_stage}")
+    if backend == "plain" and (zero_stage or offload != "none"):
+        raise ValueError("--zero-stage and --offload need --backend deepspeed (the plain backend partitions nothing)")
+    if offload == "optimizer" and zero_stage == 0:
+        raise ValueError("optimizer offload needs ZeRO stage 1, 2 or 3: add --zero-stage 2")
+    if offload == "optimizer+params" and zero_stage != 3:
+        raise ValueError("parameter offload needs ZeRO stage 3: use --zero-stage 3")
+    if gpus < 1 or nodes < 1 or gpu_memory_gb <= 0:
+        raise ValueError(f"need --gpus >= 1, --nodes >= 1 and --gpu-memory-gb > 0; got {gpus}, {nodes}, {gpu_memory_gb}")
+
+
+def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory_gb: float, backend: str = "plain",
+                zero_stage: int = 0, offload: str = "none", reserve_gb: float = 2.0, images_per_prompt: int = 1,
+                with_fixes: bool = True) -> Plan:
+    """The per-GPU memory of ``cfg`` (a :class:`mmgpg.config.Config`) on ``gpus`` x ``nodes`` GPUs."""
+    check_setup(backend, zero_stage, offload, gpus, nodes, gpu_memory_gb)
+    m, r, t = cfg.model, cfg.rollout, cfg.train
+    world = gpus * nodes
+    if backend == "deepspeed":
+        precision = "bf16"
+    else:
+        precision = {"auto": "autocast", "float32": "fp32"}.get(m.dtype, "bf16")
+    act = 4 if precision == "fp32" else 2
+    weight = 2 if precision == "bf16" else 4
+    trainable = shape.params - (shape.vision_params if t.freeze_vision else 0)
+    states = model_state_bytes(shape.params, trainable, world, backend, zero_stage, offload, precision)
+    per_gpu: dict[str, int] = {k: states[k] for k in ("parameters", "gradients", "optimizer")}
+    per_gpu["zero3_gathered_layer"] = zero3_working_set_bytes(shape.largest_layer_params) if zero_stage == 3 else 0
+    if cfg.algo.kl_coef > 0:  # frozen copy: the policy's weight dtype, partitioned under ZeRO-3
+        per_gpu["reference_model"] = weight * shape.params // (world if zero_stage == 3 else 1)
+    else:
+        per_gpu["reference_model"] = 0
+
+    seq_len = m.max_prompt_length + r.max_new_tokens
+    sequences = t.micro_batch_prompts * r.group_size
+    text_layer = layer_activation_bytes_per_token(shape.hidden, shape.intermediate, shape.heads, seq_len, precision,
+                                                  kv_dim=shape.kv_heads * shape.head_dim, masked=True)
+    text_ckpt = checkpointed_layer_bytes_per_token(shape.hidden, precision)
+    text_act = activation_bytes(sequences * seq_len, shape.layers, text_layer, text_ckpt, t.gradient_checkpointing)
+    patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image
+    images = t.micro_batch_prompts * images_per_prompt * (1 if m.encode_images_once else r.group_size)
+    vision_act = 0
+    if not t.freeze_vision:
+        v_layer = vision_layer_bytes_per_patch(shape.family, shape.vision_hidden, shape.vision_intermediate, precision)
+        v_ckpt = checkpointed_layer_bytes_per_token(shape.vision_hidden, precision)
+        vision_act = activation_bytes(images * patches, shape.vision_depth, v_layer, v_ckpt, t.gradient_checkpointing)
+    per_gpu["activations_text"] = text_act
+    per_gpu["activations_vision"] = vision_act
+    per_gpu["autocast_weight_copies"] = 2 * shape.params if precision == "autocast" else 0
+    per_gpu["logprob_buffers"] = logprob_bytes(m.logprob_chunk_size, shape.vocab, shape.hidden, weight,
+                                               sequences * r.max_new_tokens, act)
+    prompts_per_rank = -(-t.prompts_per_step // world)
+    per_gpu["kv_cache"] = kv_cache_bytes(prompts_per_rank * r.group_size, seq_len, shape.layers, shape.kv_heads,
+                                         shape.head_dim, act)
+    per_gpu["rollout_gathered_weights"] = 2 * shape.params if zero_stage == 3 else 0
+
+    persistent = sum(per_gpu[k] for k in ("parameters", "gradients", "optimizer", "zero3_gathered_layer",
+                                          "reference_model"))
+    update = sum(per_gpu[k] for k in ("activations_text", "activations_vision", "autocast_weight_copies",
+                                      "logprob_buffers"))
+    # generate runs under autocast too (mmgpg/trainer.py _sample_groups), so its weight copies count in both phases
+    rollout = per_gpu["kv_cache"] + per_gpu["rollout_gathered_weights"] + per_gpu["autocast_weight_copies"]
+    phases = {"persistent": persistent, "update": update, "rollout": rollout,
+              "peak": persistent + max(update, rollout)}
+    ds = deepspeed_estimate(shape.params, shape.largest_layer_params, gpus, nodes, zero_stage, offload) \
+        if backend == "deepspeed" else {"available": False, "note": "plain backend: DeepSpeed estimates ZeRO only"}
+    if ds.get("available"):
+        ds["ours_model_states_bytes"] = states["parameters"] + states["gradients"] + states["optimizer"] \
+            + per_gpu["zero3_gathered_layer"]
+    plan = Plan(
+        setup={"gpus_per_node": gpus, "nodes": nodes, "world_size": world, "gpu_memory_gib": gpu_memory_gb,
+               "reserve_gib": reserve_gb, "backend": backend, "zero_stage": zero_stage, "offload": offload,
+               "precision": precision},
+        model={"name_or_path": m.name_or_path, **dataclasses.asdict(shape), "trainable_params": trainable},
+        workload={"micro_batch_sequences": sequences, "sequence_length": seq_len, "images_per_micro_batch": images,
+                  "patches_per_image": patches, "rollout_sequences_per_rank": prompts_per_rank * r.group_size,
+                  "gradient_checkpointing": t.gradient_checkpointing, "freeze_vision": t.freeze_vision,
+                  "reference_model": cfg.algo.kl_coef > 0},
+        per_gpu_bytes=per_gpu, phases=phases, host_bytes_per_node=states["host"] * gpus, deepspeed=ds,
+        usable_bytes=int((gpu_memory_gb - reserve_gb) * GIB),
+    )
+    if with_fixes and not plan.fits:
+        plan.fixes = _fixes(cfg, shape, gpus=gpus, nodes=nodes, gpu_memory_gb=gpu_memory_gb, backend=backend,
+                            zero_stage=zero_stage, offload=offload, reserve_gb=reserve_gb,
+                            images_per_prompt=images_per_prompt)
+    return plan
+
+
+def _fixes(cfg, shape: ModelShape, **setup) -> list[str]:
+    """The single changes that make the plan fit, found by planning each; when none does, the shortest cumulative
+    list of them (in the order below) that does. LoRA is always added as a hint."""
+    t = cfg.train
+    moves: list[tuple[str, dict, dict]] = []  # (flag or override, setup change, train change)
+    for s, o in ((1, "none"), (2, "none"), (3, "none"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")):
+        if s > setup["zero_stage"] or (s == 3 and setup["zero_stage"] == 3 and o != setup["offload"] and o != "none"):
+            flag = f"--backend deepspeed --zero-stage {s}" + (f" --offload {o}" if o != "none" else "")
+            moves.append((flag, {"backend": "deepspeed", "zero_stage": s, "offload": o}, {}))
+    if not t.gradient_checkpointing:
+        moves.append(("train.gradient_checkpointing=true", {}, {"gradient_checkpointing": True}))
+    if t.micro_batch_prompts > 1:
+        moves.append(("train.micro_batch_prompts=1", {}, {"micro_batch_prompts": 1}))
+    if not t.freeze_vision:
+        moves.append(("train.freeze_vision=true", {}, {"freeze_vision": True}))
+
+    def fits(setup_change: dict, train_change: dict) -> bool:
+        c = dataclasses.replace(cfg, train=dataclasses.replace(t, **train_change)) if train_change else cfg
+        return plan_memory(c, shape, **{**setup, **setup_change}, with_fixes=False).fits
+
+    out: list[str] = []
+    ds_done = False
+    for flag, sc, tc in moves:
+        if sc and ds_done:
+            continue  # only the lowest ZeRO stage / offload that fits
+        if fits(sc, tc):
+            out.append(flag)
+            ds_done = ds_done or bool(sc)
+    if setup["backend"] == "deepspeed" and setup["zero_stage"] >= 1:
+        for gpus in (setup["gpus"] * 2, setup["gpus"] * 4):
+            if fits({"gpus": gpus}, {}):
+                out.append(f"--gpus {gpus} (ZeRO partitions model states over all ranks)")
+                break
+    if not out:  # no single change is enough: the fewest cumulative train changes, with the lowest ZeRO option
+        ds_moves = [(None, {}, {})] + [m for m in moves if m[1]]
+        others = [m for m in moves if not m[1]]
+        found = next(((ds, others[:k]) for k in range(1, len(others) + 1) for ds in ds_moves
+                      if fits(ds[1], {key: v for m in others[:k] for key, v in m[2].items()})), None)
+        if found:
+            out.append("together: " + " ".join([m[0] for m in ([found[0]] if found[0][0] else []) + found[1]]))
+        else:
+            out.append("no combination of ZeRO stage, offload, checkpointing, micro-batch 1 and a frozen vision tower "
+                       "fits on this many GPUs: add GPUs, shorten the sequences, or lower rollout.group_size")
+    out.append("hint: LoRA (issue 14; not built yet) trains a small adapter, removing most gradients and optimizer state")
+    return out

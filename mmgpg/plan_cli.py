@@ -1,0 +1,127 @@
+"""``mmgpg plan`` (and the memory row of ``mmgpg check``): the command line and the printed table of
+:mod:`mmgpg.plan`."""
+
+from __future__ import annotations
+
+import argparse
+
+from mmgpg.plan import BACKENDS, GIB, OFFLOADS, Plan, model_shape, plan_memory
+
+ROWS = (
+    ("parameters", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
+    ("zero3_gathered_layer", "ZeRO-3 gathered layer"), ("reference_model", "reference model (kl_coef > 0)"),
+    ("activations_text", "activations, language model"), ("activations_vision", "activations, vision tower"),
+    ("autocast_weight_copies", "bf16 weight copies (autocast)"), ("logprob_buffers", "log-prob chunk buffers"),
+    ("kv_cache", "rollout KV cache"), ("rollout_gathered_weights", "16-bit weights gathered for generate"),
+)
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def format_plan(plan: Plan) -> str:
+    s, w, mdl = plan.setup, plan.workload, plan.model
+    stage = f" ZeRO-{s['zero_stage']}" if s["backend"] == "deepspeed" else ""
+    off = f" + {s['offload']} offload" if s["offload"] != "none" else ""
+    lines = [
+        f"mmgpg plan: {mdl['name_or_path']} ({mdl['params'] / 1e9:.2f} B parameters, "
+        f"{mdl['trainable_params'] / 1e9:.2f} B trainable), {s['backend']}{stage}{off}, precision {s['precision']}, "
+        f"{s['nodes']} node(s) x {s['gpus_per_node']} GPU(s) of {s['gpu_memory_gib']:g} GiB",
+        f"micro-batch: {w['micro_batch_sequences']} sequences x {w['sequence_length']} tokens, "
+        f"{w['images_per_micro_batch']} image(s) x {w['patches_per_image']} patches; rollout: "
+        f"{w['rollout_sequences_per_rank']} sequences per GPU; gradient checkpointing "
+        f"{'on' if w['gradient_checkpointing'] else 'off'}",
+        "",
+        f"{'per GPU':<40}{'GiB':>9}",
+    ]
+    for key, label in ROWS:
+        lines.append(f"  {label:<38}{gib(plan.per_gpu_bytes[key]):>9}")
+    ph = plan.phases
+    lines += [
+        f"{'persistent':<40}{gib(ph['persistent']):>9}",
+        f"{'update phase (activations, buffers)':<40}{gib(ph['update']):>9}",
+        f"{'rollout phase (KV cache, gathers)':<40}{gib(ph['rollout']):>9}",
+        f"{'peak = persistent + max(update, rollout)':<40}{gib(ph['peak']):>9}",
+        f"{'usable (GPU memory - reserve)':<40}{gib(plan.usable_bytes):>9}",
+    ]
+    if plan.host_bytes_per_node:
+        lines.append(f"{'host memory per node (offload)':<40}{gib(plan.host_bytes_per_node):>9}")
+    ds = plan.deepspeed
+    if ds.get("available"):
+        lines.append(f"DeepSpeed estimator ({ds['function'].rsplit('.', 1)[1]}): {gib(ds['gpu_bytes'])} GiB per GPU, "
+                     f"{gib(ds['cpu_bytes_per_node'])} GiB per node CPU; ours for the same model states: "
+                     f"{gib(ds['ours_model_states_bytes'])} GiB per GPU")
+    else:
+        lines.append(f"DeepSpeed estimator: {ds['note']}")
+    if plan.fits:
+        lines.append(f"fits: peak {gib(ph['peak'])} GiB <= {gib(plan.usable_bytes)} GiB usable")
+    else:
+        lines.append(f"DOES NOT FIT: peak {gib(ph['peak'])} GiB > {gib(plan.usable_bytes)} GiB usable. "
+                     "Changes that would fit:")
+        lines += [f"  - {fix}" for fix in plan.fixes]
+    return "\n".join(lines)
+
+
+def add_hardware_args(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """The GPUs and the backend to plan for (``mmgpg plan``; optional on ``mmgpg check``)."""
+    p.add_argument("--gpus", type=int, required=required, help="GPUs per node")
+    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    p.add_argument("--gpu-memory-gb", type=float, required=required, help="memory of one GPU in GiB (e.g. 80)")
+    p.add_argument("--reserve-gb", type=float, default=2.0,
+                   help="kept free for the CUDA context, NCCL buffers and fragmentation (default 2 GiB; a judgement)")
+    p.add_argument("--backend", choices=BACKENDS, default="plain")
+    p.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=0, help="DeepSpeed ZeRO stage")
+    p.add_argument("--offload", choices=OFFLOADS, default="none", help="DeepSpeed offload to host memory")
+    p.add_argument("--images-per-prompt", type=int, default=1, help="images in each prompt (default 1)")
+
+
+def plan_from_args(cfg, args) -> Plan:
+    return plan_memory(cfg, model_shape(cfg.model.name_or_path), gpus=args.gpus, nodes=args.nodes,
+                       gpu_memory_gb=args.gpu_memory_gb, backend=args.backend, zero_stage=args.zero_stage,
+                       offload=args.offload, reserve_gb=args.reserve_gb, images_per_prompt=args.images_per_prompt)
+
+
+def add_plan_parser(sub, add_config_args) -> None:
+    p = sub.add_parser(
+        "plan", help="per-GPU memory of a training config (no weights read); exit 1 when it does not fit",
+        description="Build the configured model on the meta device and print, per GPU, parameters, gradients, "
+        "optimizer state, the reference model, activations of one micro-batch, the log-prob chunk buffers and the "
+        "rollout's KV cache for the chosen backend, ZeRO stage and offload, with DeepSpeed's own estimate beside "
+        "ours. Exit status 1 (with the changes that would fit) when the peak exceeds --gpu-memory-gb minus "
+        "--reserve-gb. Example: mmgpg plan model.name_or_path=DIR --gpus 8 --gpu-memory-gb 80 --backend deepspeed "
+        "--zero-stage 3. See docs/plan.md.")
+    add_config_args(p)
+    add_hardware_args(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args) -> int:
+    import json
+
+    from mmgpg.config import resolve
+
+    plan = plan_from_args(resolve(list(args.overrides), config_dirs=args.config_dir).config, args)
+    print(json.dumps(plan.to_json(), indent=2) if args.json else format_plan(plan))
+    return 0 if plan.fits else 1
+
+
+def memory_summary(plan: Plan) -> str:
+    """One line for ``mmgpg check``."""
+    s = plan.setup
+    setup = s["backend"] + (f" ZeRO-{s['zero_stage']}" if s["backend"] == "deepspeed" else "") \
+        + (f" + {s['offload']} offload" if s["offload"] != "none" else "")
+    verdict = "fits" if plan.fits else "does not fit; changes that would fit: " + "; ".join(plan.fixes)
+    return (f"peak {gib(plan.phases['peak'])} GiB per GPU vs {gib(plan.usable_bytes)} usable on "
+            f"{s['nodes']}x{s['gpus_per_node']} GPUs, {setup}: {verdict} (details: mmgpg plan)")
+
+
+def memory_finding(cfg, args):
+    """``mmgpg check``'s memory row: an error when the plan does not fit."""
+    from mmgpg.preflight import Finding
+
+    if args.gpus is None or args.gpu_memory_gb is None:
+        raise ValueError("the memory check needs both --gpus and --gpu-memory-gb")
+    plan = plan_from_args(cfg, args)
+    return Finding("memory", "ok" if plan.fits else "error", memory_summary(plan))

@@ -1,0 +1,191 @@
+"""Continuing a run without losing or rewriting its history.
+
+* :func:`truncate_logs` — on resume, the records after the checkpoint's step are removed from ``metrics.jsonl`` and
+  ``prompt_success.jsonl`` by an atomic rewrite (temp file + rename: a kill leaves the old file or the new one, never
+  an empty one); a torn last line is dropped with a warning.
+* :func:`set_aside_logs` — ``train.resume=true`` on a run that has logs but no usable checkpoint (it stopped before
+  its first save) starts from step 0; the old logs move to ``abandoned-<time>/`` so the new ones do not append to
+  them (steps 1, 2, 1, 2, 3, ...) and nothing is deleted.
+* :func:`config_changes` / :func:`check_config_changes` — every checkpoint stores the resolved config it was trained
+  with (``config.yaml``). A resume with a different config is refused, naming each key (old → new), unless the change
+  is run control (:data:`RUN_CONTROL`) or ``train.resume_config=new`` applies it. Accepted changes are appended to
+  ``config_changes.jsonl``; the run's ``config.yaml`` (how the run started) is never rewritten.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mmgpg.jsonl import read_jsonl, write_jsonl_atomic
+
+LOGS = ("metrics.jsonl", "prompt_success.jsonl")
+
+RUN_CONTROL = frozenset({
+    "train.resume", "train.resume_config", "train.save_every", "train.keep_last", "train.progress",
+    "train.tensorboard", "train.wandb", "train.wandb_project", "train.eval_every", "train.eval_limit",
+    "train.eval_samples", "train.eval_split", "output_dir", "device",
+})
+"""Keys that change how a run is driven and logged, not what it computes: they may differ on resume."""
+
+
+def truncate_logs(run_dir: Path, last_step: int, warn=None) -> None:
+    """Keep only the records of steps <= ``last_step`` in the run's JSONL logs (atomic rewrite)."""
+    for name in LOGS:
+        path = run_dir / name
+        for stale in run_dir.glob(f".{name}.*.tmp"):  # a rewrite killed before its rename
+            stale.unlink()
+        if not path.exists():
+            continue
+        read = read_jsonl(path, torn_tail="drop", warn=warn)
+        kept = []
+        for number, row in zip(read.lines, read.rows):
+            if not isinstance(row, dict) or not isinstance(row.get("step"), int):
+                raise ValueError(f"{path}:{number}: a record without an integer 'step' — this is not an mmgpg log; "
+                                 "move it away or choose another output_dir")
+            if row["step"] <= last_step:
+                kept.append(row)
+        write_jsonl_atomic(path, kept)
+
+
+def usable_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint a resume will use, or None when the run has none at all. When it has complete checkpoints
+    but every one is damaged, raise instead of starting over (a run must never restart from step 0 by accident)."""
+    from mmgpg.checkpoint import CheckpointError, complete_checkpoints, latest_checkpoint
+
+    reasons: list[str] = []
+    found = latest_checkpoint(run_dir, warn=reasons.append)
+    if found is None and complete_checkpoints(run_dir):
+        raise CheckpointError("train.resume=true but no checkpoint of the run can be used:\n  " + "\n  ".join(reasons)
+                              + "\nRestore or remove them, or start a new run in another output_dir (a checkpoint's "
+                              "policy/ folder may still load as model.name_or_path).")
+    return found
+
+
+def set_aside_logs(run_dir: Path) -> Path | None:
+    """Move the logs of a run that never checkpointed to ``run_dir/abandoned-<time>/``; return that folder."""
+    present = [run_dir / n for n in (*LOGS, "config.yaml", "tensorboard") if (run_dir / n).exists()]
+    if not any(p.name in LOGS for p in present):
+        return None
+    target = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
+    target.mkdir()
+    for path in present:
+        shutil.move(str(path), str(target / path.name))
+    return target
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and (not prefix or tree):
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+# Keys a command does not read (changing them cannot change what the run computes): prefixes, and exceptions.
+UNUSED_BY = {"train": (("sft.",), ()),
+             "sft": (("algo.", "train."), ("train.split", "train.backend", "train.eval_split", "train.eval_limit"))}
+SFT_RUN_CONTROL = frozenset({"sft.save_every", "sft.eval_every", "train.keep_last", "train.eval_limit",
+                             "train.eval_split", "output_dir", "device"})
+
+
+def config_changes(old_tree: dict, new_tree: dict, command: str = "train") -> dict[str, tuple[Any, Any]]:
+    """``{dotted key: (old, new)}`` for every key that differs and that ``command`` reads (``sft.*`` is not used by
+    train, ``algo.*`` and most of ``train.*`` not by sft; the resume switches themselves are not changes)."""
+    old, new = _flatten(old_tree), _flatten(new_tree)
+    keys = sorted(set(old) | set(new))
+    ignored = ("train.resume", "train.resume_config")  # how this start was asked for, not what the run computes
+    prefixes, used = UNUSED_BY[command]
+    return {k: (old.get(k), new.get(k)) for k in keys
+            if old.get(k) != new.get(k) and k not in ignored and (k in used or not k.startswith(prefixes))}
+
+
+def read_checkpoint_config(checkpoint: Path, run_dir: Path) -> tuple[dict | None, str]:
+    """The config a checkpoint was trained with: its own ``config.yaml``, else (older checkpoints) the run's."""
+    for path in (checkpoint / "config.yaml", run_dir / "config.yaml"):
+        if path.is_file():
+            try:
+                tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except yaml.YAMLError as err:
+                raise ValueError(f"{path}: not valid YAML ({err})") from None
+            if isinstance(tree, dict):
+                return tree, str(path)
+    return None, ""
+
+
+def check_config_changes(changes: dict[str, tuple[Any, Any]], *, checkpoint: Path, source: str, apply: bool,
+                         constant_lr: bool, command: str = "train") -> tuple[dict, dict]:
+    """Split ``changes`` into ``(run control, other)``; raise :class:`~mmgpg.config.ConfigError` listing the others
+    unless ``apply``. ``train.max_steps`` is run control only under a constant learning rate (otherwise the schedule's
+    length changes)."""
+    from mmgpg.config import ConfigError, Problem
+
+    run_control = RUN_CONTROL if command == "train" else SFT_RUN_CONTROL
+    steps = f"{command}.max_steps"
+    control = {k: v for k, v in changes.items() if k in run_control or (k == steps and constant_lr)}
+    other = {k: v for k, v in changes.items() if k not in control}
+    if other and not apply:
+        fix = ("drop this override to continue as the checkpoint was trained, add train.resume_config=new to apply "
+               "the new values from this step on (recorded in config_changes.jsonl), or start a new run in another "
+               "output_dir")
+        raise ConfigError([Problem(k, new, f"Checkpoint {checkpoint} was trained with {old!r} ({source}).", fix)
+                           for k, (old, new) in other.items()])
+    return control, other
+
+
+def record_changes(run_dir: Path, checkpoint: Path, changes: dict[str, tuple[Any, Any]], how: str) -> None:
+    """Append one line to ``config_changes.jsonl`` and say it on stderr."""
+    if not changes:
+        return
+    record = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "resumed_from": str(checkpoint), "how": how,
+              "changes": {k: {"old": old, "new": new} for k, (old, new) in changes.items()}}
+    with open(run_dir / "config_changes.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, default=str) + "\n")
+    listed = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
+    print(f"resume: config changed since {checkpoint.name} ({how}): {listed}; recorded in "
+          f"{run_dir / 'config_changes.jsonl'}", file=sys.stderr, flush=True)
+
+
+def check_config(cfg, checkpoint: Path, run_dir: Path, *, record: bool, command: str = "train") -> bool:
+    """Refuse a resume whose config differs from the checkpoint's, unless the change is run control or
+    ``train.resume_config=new`` applies it; record accepted changes (when ``record``). True when keys other than run
+    control changed (the caller then applies them with the backend's ``apply_settings``)."""
+    from mmgpg.config import to_yaml
+
+    t = cfg.train
+    old, source = read_checkpoint_config(checkpoint, run_dir)
+    if old is None:
+        return False
+    changes = config_changes(old, yaml.safe_load(to_yaml(cfg)), command)
+    constant = t.lr_scheduler == "constant" if command == "train" else True  # sft's schedule is constant
+    control, other = check_config_changes(changes, checkpoint=checkpoint, source=source, apply=t.resume_config == "new",
+                                          constant_lr=constant, command=command)
+    if record:
+        record_changes(run_dir, checkpoint, {**control, **other}, "train.resume_config=new" if other else "run control")
+    return bool(other)
+
+
+def start_or_resume(run_dir: Path, resume_requested: bool, is_main: bool = True) -> Path | None:
+    """The checkpoint to continue from (``train.resume=true``), or None for a fresh start. A fresh start in a
+    directory that already holds a run is refused; a resume of a run that never checkpointed starts from step 0 with
+    its old logs set aside (by rank 0). Every rank calls it. Shared by ``mmgpg train`` and ``mmgpg sft``."""
+    if not resume_requested:
+        used = [p for p in ("metrics.jsonl", "checkpoints") if (run_dir / p).exists()]
+        if used:
+            raise FileExistsError(f"{run_dir} already holds a run ({', '.join(used)}); continue it with "
+                                  "train.resume=true or choose another output_dir")
+        return None
+    checkpoint = usable_checkpoint(run_dir)
+    if checkpoint is None and is_main:
+        moved = set_aside_logs(run_dir) if run_dir.is_dir() else None
+        if moved is not None:
+            print(f"train.resume=true but {run_dir} has no usable checkpoint: starting from step 0; the earlier logs "
+                  f"were moved to {moved}", file=sys.stderr, flush=True)
+    return checkpoint
