@@ -175,6 +175,14 @@ class TrainConfig:
     eval_samples: int = 0
     """Also sample this many completions per eval item at rollout.temperature and log their mean scores as
     eval/sampled_<metric> (0: greedy only)."""
+    probe_every: int = 0
+    """Probe per-prompt success every N steps and at step 0 (p_ref): train.probe_samples completions for each of
+    the first train.probe_limit training prompts at the rollout's settings, appended to probe_success.jsonl for
+    `mmgpg diagnose` (0: never; `mmgpg probe` does the same for any checkpoint afterwards)."""
+    probe_samples: int = 64
+    """Completions per prompt of each probe (train.probe_every)."""
+    probe_limit: int = 64
+    """Training prompts each probe covers, the first N of the split (0: all)."""
 
 
 @dataclass
@@ -660,7 +668,8 @@ def check(cfg: Config) -> list[Problem]:
     for key, value, low in (("max_steps", t.max_steps, 1), ("prompts_per_step", t.prompts_per_step, 1),
                             ("micro_batch_prompts", t.micro_batch_prompts, 1), ("keep_last", t.keep_last, 1),
                             ("warmup_steps", t.warmup_steps, 0), ("save_every", t.save_every, 0),
-                            ("max_nonfinite_steps", t.max_nonfinite_steps, 0)):
+                            ("max_nonfinite_steps", t.max_nonfinite_steps, 0), ("probe_every", t.probe_every, 0),
+                            ("probe_samples", t.probe_samples, 1), ("probe_limit", t.probe_limit, 0)):
         if value < low:
             p.append(Problem(f"train.{key}", value, f"It must be >= {low}.", f"set train.{key} to an integer >= {low}."))
     for key, value, low in (("max_steps", cfg.sft.max_steps, 1), ("batch_size", cfg.sft.batch_size, 1),

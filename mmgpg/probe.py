@@ -64,24 +64,41 @@ def locate(ckpt: str, step: int | None) -> tuple[Path | None, str, int]:
 
 def probe(cfg, source: str, *, split: str, samples: int, limit: int | None, success_threshold: float | None,
           batch_prompts: int = 4, chunk: int = 16) -> list[dict]:
-    """Sample ``samples`` completions per prompt (the first ``limit`` of ``split``) through the rollout engine with
-    ``cfg.rollout``'s sampling settings, score them as training does (:func:`mmgpg.rollout.sample_groups`) and return
-    one record per prompt. Success: the task's ``success`` hook, else ``total reward >= success_threshold``."""
+    """Load the policy ``source`` and probe the first ``limit`` prompts of ``split`` (:func:`probe_prompts`) with
+    ``cfg.rollout``'s sampling settings."""
     from mmgpg.policy import load_policy_for
-    from mmgpg.rollout import Sampling, build_engine, sample_groups
+    from mmgpg.rollout import build_engine
     from mmgpg.task import build_task, first_items
     from mmgpg.utils import resolve_device
 
-    if samples < 1:
-        raise ValueError(f"--samples must be >= 1; got {samples}")
     task = build_task(cfg.task.name, cfg.task.options)
-    if getattr(task, "success", None) is None and success_threshold is None:
-        raise ValueError(f"task {task.name!r} declares no binary success (no success method); pass "
-                         "--success-threshold T to count completions with total reward >= T as successes")
+    check_success(task, success_threshold)
     examples = first_items(task.load(split), limit)
     policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=source or cfg.model.name_or_path)
     engine = build_engine(cfg.rollout.engine, policy, cfg)
-    sampling = Sampling.from_config(cfg.rollout)
+    try:
+        return probe_prompts(engine, task, examples, cfg.rollout, split=split, samples=samples,
+                             success_threshold=success_threshold, batch_prompts=batch_prompts, chunk=chunk)
+    finally:
+        engine.close()
+
+
+def check_success(task, success_threshold: float | None) -> None:
+    if getattr(task, "success", None) is None and success_threshold is None:
+        raise ValueError(f"task {task.name!r} declares no binary success (no success method); pass "
+                         "--success-threshold T to count completions with total reward >= T as successes")
+
+
+def probe_prompts(engine, task, examples, rollout_cfg, *, split: str, samples: int, success_threshold: float | None,
+                  batch_prompts: int = 4, chunk: int = 16) -> list[dict]:
+    """Sample ``samples`` completions per example through ``engine`` with the rollout's sampling settings, score them
+    as training does (:func:`mmgpg.rollout.sample_groups`) and return one record per prompt. Success: the task's
+    ``success`` hook, else ``total reward >= success_threshold``. Used by ``mmgpg probe`` and ``train.probe_every``."""
+    from mmgpg.rollout import Sampling, sample_groups
+
+    if samples < 1:
+        raise ValueError(f"--samples must be >= 1; got {samples}")
+    sampling = Sampling.from_config(rollout_cfg)
     records = []
     for start in range(0, len(examples), batch_prompts):
         batch = examples[start:start + batch_prompts]
@@ -99,7 +116,6 @@ def probe(cfg, source: str, *, split: str, samples: int, limit: int | None, succ
             records.append({"prompt_id": ex.id, "split": split, "samples": samples, "successes": int(k),
                             "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
                             "max_new_tokens": sampling.max_new_tokens})
-    engine.close()
     return records
 
 

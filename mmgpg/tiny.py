@@ -246,17 +246,28 @@ def build_config(family: Family, dims: Dims, tokenizer):
 
 
 def build_model(family: Family = "qwen2_vl", size: Size = "tiny", seed: int = 0, dtype: str = "float32"):
-    """Return ``(model, processor)``: a randomly initialised model of the real class and its processor."""
+    """Return ``(model, processor)``: a randomly initialised model of the real class and its processor. The caller's
+    random streams (Python, NumPy, torch) are left exactly as they were, so a run that builds the model first gives
+    the same numbers as one that finds it cached."""
+    import random
+
+    import numpy as np
     import torch
     from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 
-    dims = dims_for(family, size)
-    tokenizer = build_tokenizer(seed)
-    processor = build_processor(family, tokenizer)
-    config = build_config(family, dims, tokenizer)
-    torch.manual_seed(seed)
-    cls = Qwen2VLForConditionalGeneration if family == "qwen2_vl" else Qwen2_5_VLForConditionalGeneration
-    model = cls(config).to(getattr(torch, dtype))
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            dims = dims_for(family, size)
+            tokenizer = build_tokenizer(seed)
+            processor = build_processor(family, tokenizer)
+            config = build_config(family, dims, tokenizer)
+            torch.manual_seed(seed)
+            cls = Qwen2VLForConditionalGeneration if family == "qwen2_vl" else Qwen2_5_VLForConditionalGeneration
+            model = cls(config).to(getattr(torch, dtype))
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
     gen = model.generation_config
     gen.eos_token_id = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
     gen.pad_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")

@@ -412,6 +412,22 @@ class Trainer:
                     metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
         return distributed.broadcast_object(metrics)
 
+    def probe(self) -> None:
+        """``train.probe_every``: per-prompt success of the current policy on the first ``train.probe_limit``
+        training prompts (rank 0; under a forked RNG so the training stream is untouched) → probe_success.jsonl."""
+        from mmgpg.probe import PROBE_FILE, check_success, probe_prompts, write_probe
+
+        if self.dist.is_main:
+            t = self.cfg.train
+            check_success(self.task, None)
+            examples = first_items(self.dataset, t.probe_limit)
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                torch.manual_seed(self.cfg.seed + 20_000 + self.state.step)
+                records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, split=t.split,
+                                        samples=t.probe_samples, success_threshold=None)
+            write_probe(self.run_dir / PROBE_FILE, self.state.step, "live", records)
+        distributed.barrier()
+
     def save(self) -> Path:
         state = {**self.backend.state_dict(), "stream": self.stream.state_dict(), "counters": vars(self.state).copy()}
         return save_checkpoint(self.run_dir, self.state.step, self.policy, state, self.cfg.train.keep_last,
@@ -430,6 +446,8 @@ class Trainer:
         try:
             if cfg.train.eval_every and self.state.step == 0:
                 self._log({"step": 0, **self.evaluate()})
+            if cfg.train.probe_every and self.state.step == 0:
+                self.probe()
             while self.state.step < cfg.train.max_steps:
                 metrics = self.train_step()
                 if cfg.train.eval_every and (self.state.step % cfg.train.eval_every == 0
@@ -437,6 +455,8 @@ class Trainer:
                     metrics.update(self.evaluate())
                 self._log(metrics)
                 progress.update(metrics)
+                if cfg.train.probe_every and self.state.step % cfg.train.probe_every == 0:
+                    self.probe()
                 last = self.state.step >= cfg.train.max_steps
                 stop = distributed.all_max(float(self.stopper.requested), self.backend.comm_device) > 0
                 if last or stop or (cfg.train.save_every and self.state.step % cfg.train.save_every == 0):

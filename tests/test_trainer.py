@@ -262,3 +262,17 @@ def test_a_nan_reward_is_a_clear_error(tmp_path):
                    f"output_dir={tmp_path / 'n'}", check=False)
     assert proc.returncode != 0
     assert "'accuracy' returned nan" in proc.stderr and "rewards must be finite" in proc.stderr
+
+
+def test_probe_every_records_success_without_touching_training(tmp_path):
+    """train.probe_every probes the live policy at step 0 and every N steps into probe_success.jsonl (for
+    `mmgpg diagnose`), under a forked RNG: the run's metrics equal those of the same run without probes."""
+    args = [f"task={FIXTURES}:ParityShapes", *TINY, "train.max_steps=2", "algo.min_valid_fraction=0"]
+    Trainer(resolve([*args, f"output_dir={tmp_path / 'plain'}"])).train()
+    Trainer(resolve([*args, "train.probe_every=1", "train.probe_samples=3", "train.probe_limit=2",
+                     f"output_dir={tmp_path / 'probed'}"])).train()
+    assert _comparable(read_metrics(tmp_path / "plain")) == _comparable(read_metrics(tmp_path / "probed"))
+    probes = [json.loads(x) for x in (tmp_path / "probed" / "probe_success.jsonl").read_text().splitlines()]
+    assert [(p["step"], p["samples"]) for p in probes] == [(0, 3), (0, 3), (1, 3), (1, 3), (2, 3), (2, 3)]
+    assert all(0 <= p["successes"] <= 3 and p["split"] == "train" for p in probes)
+    assert len({p["prompt_id"] for p in probes}) == 2
