@@ -58,10 +58,13 @@ def truncate_logs(run_dir: Path, last_step: int, warn=None) -> None:
 def usable_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint a resume will use, or None when the run has none at all. When it has complete checkpoints
     but every one is damaged, raise instead of starting over (a run must never restart from step 0 by accident)."""
-    from mmgpg.checkpoint import CheckpointError, complete_checkpoints, latest_checkpoint
+    from mmgpg.checkpoint import CheckpointError, _warn, complete_checkpoints, latest_checkpoint
 
     reasons: list[str] = []
     found = latest_checkpoint(run_dir, warn=reasons.append)
+    if found is not None:
+        for reason in reasons:  # the damaged newer ones, named (rank 0)
+            _warn(reason)
     if found is None and complete_checkpoints(run_dir):
         raise CheckpointError("train.resume=true but no checkpoint of the run can be used:\n  " + "\n  ".join(reasons)
                               + "\nRestore or remove them, or start a new run in another output_dir (a checkpoint's "
