@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -518,9 +519,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from mmgpg.config import ConfigError
-    from mmgpg.task import TaskNotFound
-
     parser = build_parser()
     # Overrides may come before or after options (`mmgpg sample --prompts 4 task=shapes model=tiny`).
     args, extra = parser.parse_known_args(argv)
@@ -528,6 +526,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
             parser.error("unrecognized arguments: " + " ".join(extra))
         args.overrides = [*args.overrides, *extra]
+    try:
+        return _run(args)
+    finally:
+        if argv is None:  # a real process (console script, python -m mmgpg): the work is done or given up, so a
+            # late Ctrl-C during interpreter shutdown must not print a KeyboardInterrupt traceback
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run(args) -> int:
+    from mmgpg.config import ConfigError
+    from mmgpg.task import TaskNotFound
+
     try:
         for folder in getattr(args, "config_dir", None) or []:
             if not Path(folder).is_dir():
