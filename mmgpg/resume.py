@@ -193,3 +193,34 @@ def start_or_resume(run_dir: Path, resume_requested: bool, is_main: bool = True)
             print(f"train.resume=true but {run_dir} has no usable checkpoint: starting from step 0; the earlier logs "
                   f"were moved to {moved}", file=sys.stderr, flush=True)
     return checkpoint
+
+
+def save_run_state(run_dir: Path, step: int, policy, backend, stream, counters: dict, cfg, keep_last: int) -> Path:
+    """Checkpoint ``step`` of a run (``mmgpg train`` or ``mmgpg sft``): the policy, the backend's optimizer and
+    schedule, the data stream, the counters, and the resolved config the step was computed with."""
+    from mmgpg.checkpoint import save_checkpoint
+    from mmgpg.config import to_yaml
+
+    state = {**backend.state_dict(), "stream": stream.state_dict(), "counters": counters}
+    return save_checkpoint(run_dir, step, policy, state, keep_last, extra_files={"config.yaml": to_yaml(cfg)})
+
+
+def restore_run_state(checkpoint: Path, run_dir: Path, cfg, backend, stream, settings, *, command: str,
+                      is_main: bool) -> dict:
+    """The inverse of :func:`save_run_state` after the policy was loaded from ``checkpoint/policy``: refuse (or,
+    with train.resume_config=new, apply ``settings()``) a changed config before anything is loaded, restore the
+    backend, the stream and this rank's RNG states (last: loading the model consumed random numbers), cut the logs
+    back to the checkpoint's step (rank 0). Returns the saved counters."""
+    from mmgpg.checkpoint import load_trainer_state, set_rng_state
+
+    changed = check_config(cfg, checkpoint, run_dir, record=is_main, command=command)
+    state, rng = load_trainer_state(checkpoint)
+    backend.load_state_dict(state)
+    if changed:
+        backend.apply_settings(settings())
+    stream.load_state_dict(state["stream"])
+    set_rng_state(rng)
+    counters = state["counters"]
+    if is_main:
+        truncate_logs(run_dir, int(counters["step"]))
+    return counters

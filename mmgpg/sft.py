@@ -16,8 +16,7 @@ from typing import Any
 
 from mmgpg import resume
 from mmgpg.backends import OptimizerSettings, build_backend
-from mmgpg.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
-from mmgpg.config import Resolved, save_config, to_yaml
+from mmgpg.config import Resolved, save_config
 from mmgpg.evaluate import evaluate
 from mmgpg.policy import CompletionBatch, Policy, load_policy_for, pad_completions
 from mmgpg.rollout import build_engine
@@ -67,15 +66,9 @@ class SFTTrainer:
         self.backend.prepare(self.policy.model, self._optimizer_settings())
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
         if checkpoint is not None:
-            changed = resume.check_config(cfg, checkpoint, self.run_dir, record=True, command="sft")
-            state, rng = load_trainer_state(checkpoint)
-            self.backend.load_state_dict(state)
-            if changed:
-                self.backend.apply_settings(self._optimizer_settings())
-            self.stream.load_state_dict(state["stream"])
-            self.step = int(state["counters"]["step"])
-            set_rng_state(rng)  # last: loading the model consumed random numbers
-            resume.truncate_logs(self.run_dir, self.step)
+            counters = resume.restore_run_state(checkpoint, self.run_dir, cfg, self.backend, self.stream,
+                                                self._optimizer_settings, command="sft", is_main=True)
+            self.step = int(counters["step"])
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if not (checkpoint is not None and (self.run_dir / "config.yaml").exists()):  # provenance is never rewritten
             save_config(resolved, self.run_dir, "sft")
@@ -92,9 +85,8 @@ class SFTTrainer:
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     def save(self) -> Path:
-        state = {**self.backend.state_dict(), "stream": self.stream.state_dict(), "counters": {"step": self.step}}
-        return save_checkpoint(self.run_dir, self.step, self.policy, state, self.cfg.train.keep_last,
-                               extra_files={"config.yaml": to_yaml(self.cfg)})
+        return resume.save_run_state(self.run_dir, self.step, self.policy, self.backend, self.stream,
+                                     {"step": self.step}, self.cfg, self.cfg.train.keep_last)
 
     def train_step(self) -> dict:
         cfg = self.cfg

@@ -27,8 +27,7 @@ import torch
 
 from mmgpg import algorithms, distributed, resume
 from mmgpg.backends import OptimizerSettings, build_backend
-from mmgpg.checkpoint import load_trainer_state, save_checkpoint, set_rng_state
-from mmgpg.config import Config, Resolved, save_config, to_yaml
+from mmgpg.config import Config, Resolved, save_config
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
 from mmgpg.stream import PromptStream
@@ -147,17 +146,9 @@ class Trainer:
         return load_policy_for(self.cfg.model, self.device, source=source, dtype=dtype)
 
     def _resume(self, checkpoint: Path) -> None:
-        state, rng = load_trainer_state(checkpoint)
-        # Before anything is loaded: a refused config change leaves no trace.
-        changed = resume.check_config(self.cfg, checkpoint, self.run_dir, record=self.dist.is_main)
-        self.backend.load_state_dict(state)
-        self.stream.load_state_dict(state["stream"])
-        self.state = StepState(**state["counters"])
-        if changed:  # train.resume_config=new: the new optimizer settings over the checkpoint's
-            self.backend.apply_settings(self._optimizer_settings())
-        set_rng_state(rng)  # last: loading models above consumed random numbers
-        if self.dist.is_main:
-            resume.truncate_logs(self.run_dir, self.state.step)
+        counters = resume.restore_run_state(checkpoint, self.run_dir, self.cfg, self.backend, self.stream,
+                                            self._optimizer_settings, command="train", is_main=self.dist.is_main)
+        self.state = StepState(**counters)
 
     # ---- phase 1: rollout -----------------------------------------------------------------------------------------
 
@@ -429,9 +420,8 @@ class Trainer:
         distributed.barrier()
 
     def save(self) -> Path:
-        state = {**self.backend.state_dict(), "stream": self.stream.state_dict(), "counters": vars(self.state).copy()}
-        return save_checkpoint(self.run_dir, self.state.step, self.policy, state, self.cfg.train.keep_last,
-                               extra_files={"config.yaml": to_yaml(self.cfg)})
+        return resume.save_run_state(self.run_dir, self.state.step, self.policy, self.backend, self.stream,
+                                     vars(self.state).copy(), self.cfg, self.cfg.train.keep_last)
 
     # ---- the loop -------------------------------------------------------------------------------------------------
 
