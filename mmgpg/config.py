@@ -76,7 +76,40 @@ class RolloutConfig:
     """Keep only the k most likely tokens; 0 disables it (exactly on-policy). The GPG authors' code sampled with 50."""
     engine: str = "hf"
     """Rollout engine that generates completions (training, evaluation, `mmgpg sample`): hf = Hugging Face generate
-    with the policy's own weights."""
+    with the policy's own weights; vllm = vLLM with its own copy of the weights, synced after every optimizer step
+    (in this process, or in a `mmgpg vllm-serve` server when rollout.vllm_server is set; docs/install.md)."""
+    vllm_server: str = ""
+    """URL of a running `mmgpg vllm-serve` (e.g. http://127.0.0.1:8765) for rollout.engine=vllm; empty = colocated:
+    one vLLM engine inside each trainer process."""
+    vllm_server_timeout: float = 600.0
+    """Seconds to wait for the vLLM server to answer its health check at start-up and for each of its replies."""
+    vllm_sync_dir: str = ""
+    """Server mode: directory both processes see where the trainer writes the weights for each sync; empty = a new
+    folder under /dev/shm (memory-backed), or the system temp folder where /dev/shm is missing."""
+    vllm_dtype: str = "auto"
+    """Weights dtype inside vLLM (colocated): auto = bfloat16 under mixed precision, else the policy's own dtype."""
+    vllm_max_model_len: int = 0
+    """Longest prompt + completion vLLM accepts; 0 = model.max_prompt_length + rollout.max_new_tokens."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Fraction of GPU memory vLLM may take (weights + KV cache) when colocated with training; ignored on CPU."""
+    vllm_tensor_parallel_size: int = 1
+    """GPUs one vLLM engine shards the model over (colocated)."""
+    vllm_max_images: int = 4
+    """Most images in one prompt vLLM accepts (its limit_mm_per_prompt)."""
+    vllm_max_num_seqs: int = 256
+    """Most sequences vLLM decodes at once."""
+    vllm_cpu_kv_cache_gb: int = 1
+    """CPU only: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE, unless that variable is set)."""
+    vllm_sleep: bool = False
+    """Colocated on GPU: put vLLM to sleep (weights offloaded, KV cache freed) during the update; no effect on CPU."""
+    logprob_check: bool = True
+    """Post-sync check (engines that return log-probs, i.e. vllm): compare the engine's log-prob of every sampled
+    token with the trainer's for the same token, log rollout/logprob_diff_mean|max each step, stop above the limits."""
+    logprob_check_mean: float | None = None
+    """Stop when the mean |engine - trainer| log-prob over the step's completion tokens exceeds this; null = 1e-3 when
+    both sides compute in float32, 5e-2 otherwise (bfloat16/float16)."""
+    logprob_check_max: float | None = None
+    """Stop when the largest |engine - trainer| log-prob of one token exceeds this; null = logged, not checked."""
 
 
 @dataclass
