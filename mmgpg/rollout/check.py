@@ -15,8 +15,9 @@ import torch
 from mmgpg import distributed
 
 
-class LogprobMismatchError(RuntimeError):
-    """The rollout engine's log-probs disagree with the trainer's beyond the configured limit."""
+class LogprobMismatchError(ValueError):
+    """The rollout engine's log-probs disagree with the trainer's beyond the configured limit (a ValueError, so the
+    command line prints its message without a traceback)."""
 
 
 @dataclass

@@ -87,8 +87,14 @@ class VLLMEngine:
                                        min_pixels=policy.min_pixels, max_pixels=policy.max_pixels)
             self.sync_weights()  # the server may have started from other weights (a base model, an older step)
         else:
-            from mmgpg.rollout.vllm_core import VLLMCore
+            from mmgpg.config import ConfigError, Problem
+            from mmgpg.rollout.vllm_core import INSTALL_HINT, VLLMCore, import_vllm
 
+            try:
+                import_vllm()
+            except ImportError:
+                raise ConfigError([Problem("rollout.engine", "vllm", INSTALL_HINT.split(". ")[0] + ".",
+                                           INSTALL_HINT.split(". ", 1)[1])]) from None
             self._tmp = Path(tempfile.mkdtemp(prefix="mmgpg_vllm_"))
             policy.model.save_pretrained(self._tmp)  # vLLM starts from exactly the policy's weights and processor
             policy.processor.save_pretrained(self._tmp)
