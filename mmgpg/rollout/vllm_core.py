@@ -10,7 +10,7 @@ Facts this module relies on (vLLM 0.32, measured on CPU; docs/install.md, "vLLM"
 - ``generation_config="vllm"``: a checkpoint's ``generation_config.json`` cannot change sampling defaults.
 - CPU: ``enforce_eager=True`` and ``enable_chunked_prefill=False`` (seeded sampling with chunked prefill crashes:
   "CPU Generator does not use offset"), so ``max_num_batched_tokens >= max_model_len``.
-- Weight reload: ``collective_rpc("reload_weights", kwargs={"weights_iterator" | "weights_path": ...})`` and then
+- Weight reload: ``collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` (in-process engine) and then
   three cache resets; without ``reset_prefix_cache`` vLLM silently reuses KV blocks computed with the old weights,
   without the scheduler's encoder-cache reset the next request fails ("Encoder cache miss") and wedges the engine.
 """
@@ -129,14 +129,13 @@ class VLLMCore:
             results.append(Result(list(out.prompt_token_ids), ids, lps))
         return results
 
-    def reload(self, *, weights: Iterable[tuple[str, Any]] | None = None, path: str | None = None) -> None:
-        """Load new weights (Hugging Face names) from an iterator of ``(name, tensor)`` or a directory holding
-        ``model.safetensors``, then drop every cache computed with the old ones."""
+    def reload(self, *, weights: Iterable[tuple[str, Any]]) -> None:
+        """Load new weights (``(Hugging Face name, tensor)`` pairs), then drop every cache computed with the old ones.
+
+        (``reload_weights(weights_path=DIR)`` is not used: it also points the model config at DIR, and the next
+        multimodal request then fails to load the image processor from there.)"""
         self.wake()
-        if (weights is None) == (path is None):
-            raise ValueError("reload needs exactly one of weights or path")
-        kwargs = {"weights_iterator": list(weights)} if weights is not None else {"weights_path": path}
-        self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
         self.reset_caches()
 
     def reset_caches(self) -> None:
