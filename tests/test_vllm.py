@@ -202,3 +202,51 @@ def test_train_cli_with_vllm_checkpoints_and_resumes_exactly(tmp_path):
     pb = load_file(resumed / "checkpoints" / "step-00000003" / "policy" / "model.safetensors")
     for k in pa:
         torch.testing.assert_close(pa[k], pb[k], atol=1e-6, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dirs):
+    """`mmgpg vllm-serve` on a free port, in a subprocess (as a user starts it in the vLLM environment)."""
+    import os
+
+    proc = subprocess.Popen([sys.executable, "-m", "mmgpg", "vllm-serve", "--model", str(tiny_dirs["qwen2_vl"]),
+                             "--port", "0", "--max-pixels", "12544", "--max-model-len", "1048"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = None
+    for line in proc.stdout:  # blocks until the ready line (or the process ends)
+        if line.startswith("mmgpg vllm-serve: ready at "):
+            url = line.split()[4]
+            break
+    assert url, f"the server did not start (exit {proc.poll()})"
+    yield url, proc
+    if proc.poll() is None:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_server_mode_same_rollouts_sync_and_shutdown(server, tiny_dirs):
+    from mmgpg.rollout.vllm_core import Request
+    from mmgpg.rollout.vllm_server import VLLMServerError
+
+    url, proc = server
+    policy = _policy(tiny_dirs["qwen2_vl"])
+    eng = build_engine("vllm", policy, _config("rollout.engine=vllm", f"rollout.vllm_server={url}",
+                                               "rollout.vllm_server_timeout=60"))
+    convs = conversations(12)
+    assert _vllm_ids(eng.generate(convs, 1, Sampling.greedy(24))) == _hf_greedy(policy, convs)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    eng.sync_weights()  # through a file in /dev/shm
+    diff = _logprob_diff(policy, eng.generate(convs, 4, Sampling(16, seed_key=(3,))))
+    assert diff.max() <= TOKEN_TOL and diff.mean() <= MEAN_TOL, (diff.max(), diff.mean())
+    with pytest.raises(ValueError, match="refused /generate"):  # a bad request comes back as one message
+        eng.core.generate([Request("hi", [], 1, None)], {"max_new_tokens": 0, "temperature": 1.0, "top_p": 1.0, "top_k": 0},
+                          stop_token_ids=[0], allowed_token_ids=[1])
+    eng.core.shutdown()
+    assert proc.wait(timeout=60) == 0
+    with pytest.raises(VLLMServerError, match="stopped answering during /generate"):
+        eng.generate(convs[:2], 2, Sampling(8, seed_key=(4,)))
+    eng.close()

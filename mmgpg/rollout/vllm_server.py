@@ -201,11 +201,11 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
                     self._reply(200, {"status": "shutting down"})
                     return stop()
                 return self._reply(404, {"error": f"no endpoint {self.path}"})
-            except (KeyError, TypeError, ValueError) as err:  # bad request; vLLM's validation errors are ValueErrors
-                return self._reply(400, {"error": f"{type(err).__name__}: {err}"})
             except Exception as err:  # noqa: BLE001 — reported to the client, logged here
+                # A bad request (missing fields, a value vLLM's validation refuses) is the client's: 400.
+                bad = isinstance(err, (KeyError, TypeError, ValueError)) or type(err).__name__.endswith("ValidationError")
                 sys.stderr.write(f"vllm-serve: {self.path} failed: {type(err).__name__}: {err}\n")
-                return self._reply(500, {"error": f"{type(err).__name__}: {err}"})
+                return self._reply(400 if bad else 500, {"error": f"{type(err).__name__}: {err}"})
 
     return Handler
 
