@@ -18,7 +18,8 @@ from mmgpg import resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Resolved, save_config
 from mmgpg.evaluate import evaluate
-from mmgpg.policy import CompletionBatch, Policy, load_policy_for, pad_completions
+from mmgpg.modelload import load_policy_for
+from mmgpg.policy import CompletionBatch, Policy, pad_completions
 from mmgpg.rollout import build_engine
 from mmgpg.stream import PromptStream
 from mmgpg.task import Example, SkipBadRows, build_task, first_items

@@ -28,7 +28,8 @@ import torch
 from mmgpg import algorithms, distributed, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Config, Resolved, save_config
-from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
+from mmgpg.modelload import load_policy_for
+from mmgpg.policy import CompletionBatch, Policy, gather_prompts, pad_completions
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
 from mmgpg.stream import PromptStream
 from mmgpg.task import SkipBadRows, build_task, first_items
@@ -116,7 +117,7 @@ class Trainer:
     # ---- set-up helpers -------------------------------------------------------------------------------------------
 
     def _check_layout(self) -> None:
-        from mmgpg.config import ConfigError, Problem
+        from mmgpg.schema import ConfigError, Problem
 
         cfg, world = self.cfg, self.dist.world_size
         problems = []
