@@ -89,6 +89,7 @@ def _logprob_diff(policy, batch, temperature=1.0) -> torch.Tensor:
     return (lp - batch.sampled_logprobs).abs()[batch.completion_mask]
 
 
+@pytest.mark.slow
 def test_greedy_equals_hf_on_44_mixed_size_prompts(engine):
     convs = conversations()
     got = engine.generate(convs, 1, Sampling.greedy(24))
@@ -227,6 +228,7 @@ def server(tiny_dirs):
         proc.wait(timeout=60)
 
 
+@pytest.mark.slow
 def test_server_mode_same_rollouts_sync_and_shutdown(server, tiny_dirs):
     from mmgpg.rollout.vllm_core import Request
     from mmgpg.rollout.vllm_server import VLLMServerError
