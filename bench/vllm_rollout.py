@@ -3,7 +3,8 @@
 Runs in the environment that has vLLM (scripts/vllm-cpu-env.sh on CPU). Both engines sample the same prompts with
 the same settings through mmgpg's engine seam (``engine.generate(conversations, G, Sampling)``), one after the other,
 ``--repeats`` times, alternating; the first call of each engine (warm-up) is not timed. Completion tokens/s counts
-masked-in completion tokens (EOS included) over the wall time of ``generate``.
+masked-in completion tokens (EOS included) over the wall time of ``generate``; ``vllm_over_hf`` is the ratio of the
+two engines' rates within each repeat (paired: robust to the load of a shared machine), sorted.
 
     python bench/vllm_rollout.py --out bench/results                        # the shapes of bench/results/vllm.md
     python bench/vllm_rollout.py --shapes 2x8x24 --repeats 1 --train-steps 0  # a quick smoke run
@@ -51,7 +52,10 @@ def throughput(engines: dict, prompts: int, group: int, tokens: int, repeats: in
             if rep:  # rep 0 is the warm-up
                 out[name].append(batch.num_completion_tokens / dt)
                 toks[name].append(batch.num_completion_tokens)
-    return {name: {"tokens_per_s": statistics.median(v), "runs": v, "tokens": toks[name]} for name, v in out.items()}
+    result = {name: {"tokens_per_s": statistics.median(v), "runs": v, "tokens": toks[name]} for name, v in out.items()}
+    if "hf" in out and "vllm" in out:  # paired per repeat: both ran back to back under the same machine load
+        result["vllm_over_hf"] = sorted(v / h for v, h in zip(out["vllm"], out["hf"]))
+    return result
 
 
 def train_split(engine: str, steps: int, workdir: Path) -> dict:
@@ -95,7 +99,9 @@ def main() -> None:
     for shape in args.shapes:
         p, g, n = (int(x) for x in shape.split("x"))
         result["throughput"][shape] = throughput(engines, p, g, n, args.repeats)
-        print(shape, {k: round(v["tokens_per_s"], 1) for k, v in result["throughput"][shape].items()}, flush=True)
+        r = result["throughput"][shape]
+        print(shape, {k: round(r[k]["tokens_per_s"], 1) for k in engines}, "vllm/hf paired:",
+              [round(x, 2) for x in r.get("vllm_over_hf", [])], flush=True)
     syncs = []
     for _ in range(5):
         engines["vllm"].sync_weights()
