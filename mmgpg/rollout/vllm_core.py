@@ -117,7 +117,9 @@ class VLLMCore:
                 top_p=1.0 if greedy else float(sampling["top_p"]), top_k=0 if greedy else int(sampling["top_k"]),
                 min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, min_tokens=0,
                 seed=r.seed, logprobs=0, max_tokens=int(sampling["max_new_tokens"]),
-                stop_token_ids=list(stop_token_ids), allowed_token_ids=list(allowed_token_ids),
+                # ignore_eos: only the policy's EOS ids stop a completion (as in HF generate), not also the
+                # tokenizer's own eos_token_id
+                stop_token_ids=list(stop_token_ids), ignore_eos=True, allowed_token_ids=list(allowed_token_ids),
                 skip_special_tokens=True))
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []
