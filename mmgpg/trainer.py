@@ -104,6 +104,9 @@ class Trainer:
         self.backend.prepare(model, self._optimizer_settings())
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
         self.sampling = Sampling.from_config(cfg.rollout)
+        a = cfg.algo  # the algorithm's functions with their hyper-parameters bound once
+        self.advantage_fn = algorithms.bind(algorithms.ADVANTAGES[a.advantage], std_eps=a.std_eps)
+        self.token_loss_fn = algorithms.bind(algorithms.TOKEN_LOSSES[a.token_loss], clip_eps=a.clip_eps)
         if checkpoint is not None:
             self._resume(checkpoint)
         if self.dist.is_main:
@@ -174,7 +177,7 @@ class Trainer:
         a, G = self.cfg.algo, self.cfg.rollout.group_size
         if groups:
             rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
-            for g, adv in zip(groups, algorithms.ADVANTAGES[a.advantage](rewards, a.std_eps).tolist()):
+            for g, adv in zip(groups, self.advantage_fn(rewards).tolist()):
                 g.advantages = adv
         total = distributed.sum_counts({"num_samples": len(groups) * G,
                                         "num_zero_variance": sum(G for g in groups if g.zero_variance),
@@ -217,15 +220,14 @@ class Trainer:
         """Backward of this rank's micro-batches (loss = (α · Σ policy + kl_coef · Σ KL) / global denominator), then
         the gradients summed over ranks. Returns this rank's (policy, KL) loss parts."""
         a = self.cfg.algo
-        token_loss = algorithms.TOKEN_LOSSES[a.token_loss]
         alpha = counts.alpha if counts.alpha is not None else 1.0  # B == M: the policy term is 0 anyway
         policy_total = kl_total = 0.0
         for (r, adv), old_lp, ref_lp in zip(micro, old, ref):
             logp = self._logprobs(self.policy, r)
             adv = adv.to(logp.device)
             mask = r.completion_mask.to(logp.device)
-            loss = alpha * algorithms.token_loss_sum(token_loss(logp, adv, old_lp, a.clip_eps), mask,
-                                                     a.aggregation) / counts.denominator
+            per_token = self.token_loss_fn(logp, adv) if old_lp is None else self.token_loss_fn(logp, adv, old_logp=old_lp)
+            loss = alpha * algorithms.token_loss_sum(per_token, mask, a.aggregation) / counts.denominator
             policy_total += float(loss.detach())
             if ref_lp is not None:
                 kl_term = a.kl_coef * algorithms.token_loss_sum(algorithms.KL_ESTIMATORS[a.kl_estimator](logp, ref_lp),
@@ -321,7 +323,7 @@ class Trainer:
         summed = distributed.sum_counts({
             "completions": len(generated) * G, "reward": sum(sum(g.rewards) for g in generated),
             "tokens": sum(g.num_tokens for g in generated),
-            "truncated": sum(not c or c[-1] not in eos for g in generated for c in g.completion_ids),
+            "truncated": sum(sum(g.truncated(eos)) for g in generated),
             **{f"reward/{name}": sum(sum(g.components[name]) for g in generated) for name in names}},
             self.backend.comm_device)
         n = max(summed["completions"], 1.0)
