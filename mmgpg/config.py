@@ -41,6 +41,34 @@ import yaml
 
 
 @dataclass
+class LoraConfig:
+    rank: int = 0
+    """LoRA rank r: 0 (the default) trains every weight of the model; r > 0 freezes the model and trains low-rank
+    adapters W + (alpha/r) B A (PEFT) on the layers chosen below, plus model.lora.trainable_modules in full."""
+    alpha: float = 32.0
+    """Adapter scale numerator: the update is (alpha / rank) B A. Keep alpha fixed when sweeping the rank (or scale
+    the learning rate)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input during the training forward. 0 keeps the scored log-probs exactly those of the
+    sampling policy (dropout > 0 makes RL slightly off-policy)."""
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_LANGUAGE_TARGETS))
+    """Linear layers of the language model that get adapters, by their last name (q_proj, k_proj, v_proj, o_proj,
+    gate_proj, up_proj, down_proj: every projection of every decoder layer). The output head is never adapted; train
+    it in full with trainable_modules=[lm_head]."""
+    vision: bool = False
+    """Also put adapters on every linear layer of the vision tower's blocks (attention qkv/proj and MLP)."""
+    merger: bool = False
+    """Also put adapters on the vision-language merger MLP (model.visual.merger)."""
+    trainable_modules: list[str] = field(default_factory=list)
+    """Modules trained in full beside the adapters (PEFT modules_to_save), by name or last name: e.g. lm_head,
+    embed_tokens, merger. Their trained copies are saved with the adapter and merged into policy/."""
+
+
+# The language model's linear layers in Qwen2-VL and Qwen2.5-VL decoder layers (model.lora.target_modules default).
+LORA_LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
 class ModelConfig:
     name_or_path: str = "tiny"
     """Policy checkpoint: a Hugging Face hub id (e.g. Qwen/Qwen2-VL-2B-Instruct), a local directory, or `tiny` /
@@ -59,6 +87,9 @@ class ModelConfig:
     """Completion tokens scored per chunk; peak log-prob memory is about chunk x vocab x 4 bytes x 3."""
     encode_images_once: bool = True
     """Run the vision tower once per prompt and share the features among its group_size completions when scoring."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (rank 0: off, full fine-tuning). With LoRA, GRPO's reference is the same model with the adapter
+    switched off, and checkpoints hold the adapter (adapter/) and the merged model (policy/)."""
 
 
 @dataclass
@@ -692,6 +723,9 @@ def check(cfg: Config) -> list[Problem]:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", cfg.device):
         p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
     p += _check_task(cfg.task)
+    from mmgpg.lora import check_lora
+
+    p += check_lora(cfg)
     return p
 
 

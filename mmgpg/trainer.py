@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from mmgpg import algorithms, distributed, resume
+from mmgpg import algorithms, distributed, lora, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Config, Resolved, save_config
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
@@ -86,10 +86,14 @@ class Trainer:
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
         dtype = self.backend.weights_dtype(cfg.model.dtype)
-        source = str(checkpoint / "policy") if checkpoint else cfg.model.name_or_path
-        self.policy = policy or self._load(source, dtype)
-        self.reference = self._load(cfg.model.name_or_path, dtype) if cfg.algo.kl_coef > 0 else None
-        if self.reference is not None:
+        self.policy = policy or lora.load_for_training(cfg.model, self.device, dtype, checkpoint)
+        if cfg.model.lora.rank > 0 and not lora.is_lora(self.policy):  # a policy given by the caller
+            lora.attach(self.policy, cfg.model.lora, checkpoint / lora.ADAPTER_DIR if checkpoint else None)
+        self.reference = None
+        if cfg.algo.kl_coef > 0 and lora.is_lora(self.policy):
+            self.reference = self.policy  # the same model with its adapter switched off (_fixed_logprobs)
+        elif cfg.algo.kl_coef > 0:
+            self.reference = self._load(cfg.model.name_or_path, dtype)
             self.reference.model.eval().requires_grad_(False)
         model = self.policy.model
         if cfg.train.freeze_vision:
@@ -243,7 +247,8 @@ class Trainer:
             if self.cfg.algo.updates_per_batch > 1:
                 old = [self._logprobs(self.policy, r) for r, _ in micro]
             if self.reference is not None:
-                ref = [self._logprobs(self.reference, r) for r, _ in micro]
+                with lora.adapter_disabled(self.reference):  # LoRA: the reference is the base model inside the policy
+                    ref = [self._logprobs(self.reference, r) for r, _ in micro]
         return old, ref
 
     def compute_gradients(self, groups: list[Group], counts: StepCounts) -> tuple[float, float]:
