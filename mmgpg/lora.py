@@ -22,10 +22,13 @@ import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
+# The language model's linear layers in Qwen2-VL and Qwen2.5-VL decoder layers (model.lora.target_modules default).
+LORA_LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_DIR = "adapter"  # a checkpoint's PEFT adapter folder, beside policy/ (the merged model)
 
 # Linear layers of the vision tower's blocks: Qwen2-VL (fc1/fc2) and Qwen2.5-VL (gated MLP).
@@ -56,7 +59,7 @@ def target_regex(lora_cfg) -> str:
 
 def check_lora(cfg) -> list:
     """Problems with ``model.lora`` (config values only; module names are checked against the model in :func:`attach`)."""
-    from mmgpg.config import LORA_LANGUAGE_TARGETS, Problem
+    from mmgpg.schema import Problem
 
     lc, p = cfg.model.lora, []
     if lc.rank < 0:
@@ -96,7 +99,7 @@ def _resolve_trainable(model: torch.nn.Module, names: list[str]) -> list[str]:
     out = []
     for name in names:
         if not any(m == name or m.endswith("." + name) for m in modules):
-            from mmgpg.config import did_you_mean
+            from mmgpg.schema import did_you_mean
 
             leaves = sorted({m.rsplit(".", 1)[-1] for m in modules if not m.rsplit(".", 1)[-1].isdigit()})
             raise ValueError(f"model.lora.trainable_modules: no module of the model is named {name!r}."
@@ -142,25 +145,6 @@ def _inject(model, lora_cfg, adapter_dir):
                                  f"{str(err)[:200]}") from None
             raise
     return peft_model
-
-
-def load_for_training(model_cfg, device, dtype: str, checkpoint: Path | None = None):
-    """The policy ``mmgpg train`` / ``mmgpg sft`` train: without LoRA, ``model.name_or_path`` or the checkpoint's
-    ``policy/``; with LoRA, always the base model (exact, never a merged copy) with a fresh adapter or the
-    checkpoint's ``adapter/``."""
-    from mmgpg.policy import load_policy_for
-
-    if model_cfg.lora.rank <= 0:
-        return load_policy_for(model_cfg, device, source=str(checkpoint / "policy") if checkpoint else None, dtype=dtype)
-    adapter = None
-    if checkpoint is not None:
-        adapter = checkpoint / ADAPTER_DIR
-        if not (adapter / "adapter_config.json").is_file():
-            raise ValueError(f"checkpoint {checkpoint} has no LoRA adapter ({ADAPTER_DIR}/), but model.lora.rank="
-                             f"{model_cfg.lora.rank}: it was trained without LoRA. Resume it with model.lora.rank=0.")
-    policy = load_policy_for(model_cfg, device, dtype=dtype)
-    attach(policy, model_cfg.lora, adapter)
-    return policy
 
 
 def is_lora(policy) -> bool:
@@ -220,6 +204,7 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     without adapters gives its own ``state_dict()``. The weight-sync hook for rollout engines with their own weights:
     call it after each optimizer step (no gradients; tensors detached).
     """
+    import torch
     from peft.tuners.lora import LoraLayer
     from peft.utils.other import ModulesToSaveWrapper
 

@@ -40,7 +40,7 @@ def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
         findings.append(Finding("data", "error", f"{type(err).__name__}: {err}"))
         return findings
     try:
-        from mmgpg.policy import load_policy_for
+        from mmgpg.modelload import load_policy_for
 
         policy = load_policy_for(cfg.model, "meta")
         policy.max_prompt_length = None  # measure every prompt here; the limit is compared below

@@ -18,6 +18,7 @@ from mmgpg import lora, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Resolved, save_config
 from mmgpg.evaluate import evaluate
+from mmgpg.modelload import load_for_training
 from mmgpg.policy import CompletionBatch, Policy, pad_completions
 from mmgpg.rollout import build_engine
 from mmgpg.stream import PromptStream
@@ -56,7 +57,7 @@ class SFTTrainer:
         checkpoint = resume.start_or_resume(self.run_dir, cfg.train.resume)
         self.step = 0
         seed_everything(cfg.seed)
-        self.policy = lora.load_for_training(cfg.model, self.backend.device, self.backend.weights_dtype(cfg.model.dtype),
+        self.policy = load_for_training(cfg.model, self.backend.device, self.backend.weights_dtype(cfg.model.dtype),
                                              checkpoint)
         self.task = build_task(cfg.task.name, cfg.task.options)
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)

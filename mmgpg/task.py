@@ -39,6 +39,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from mmgpg.schema import ConfigError, Problem, did_you_mean, from_dict
+
 ENTRY_POINT_GROUP = "mmgpg.tasks"
 
 
@@ -101,8 +103,6 @@ def _load_file_class(ref: str) -> type:
     cls = getattr(module, cls_name, None)
     if cls is None:
         names = [n for n, v in vars(module).items() if isinstance(v, type) and v.__module__ == module_name]
-        from mmgpg.config import did_you_mean
-
         raise TaskNotFound(f"{str(path)!r} defines no class {cls_name!r}.",
                            "classes there: " + (", ".join(names) or "(none)") + "." + did_you_mean(cls_name, names))
     return cls
@@ -115,8 +115,6 @@ def find_task_class(name: str) -> type:
     else:
         tasks = registered_tasks()
         if name not in tasks:
-            from mmgpg.config import did_you_mean
-
             raise TaskNotFound(
                 f"No task named {name!r} is installed.",
                 "available: " + (", ".join(sorted(tasks)) or "(none — is mmgpg installed with pip?)") + "; or give "
@@ -136,8 +134,6 @@ def find_task_class(name: str) -> type:
 
 def options_problems(cls: type, options: Mapping[str, Any]):
     """Config problems of ``options`` for task class ``cls`` (its dataclass fields are the allowed options)."""
-    from mmgpg.config import Problem, from_dict
-
     if not dataclasses.is_dataclass(cls):
         return [Problem(f"task.{k}", v, f"Task {cls.__name__} takes no options.", f"remove task.{k}.") for k, v in options.items()]
     problems: list[Problem] = []
@@ -150,9 +146,7 @@ def options_problems(cls: type, options: Mapping[str, Any]):
 
 
 def build_task(name: str, options: Mapping[str, Any] | None = None):
-    """Instantiate a task with validated options (raises :class:`mmgpg.config.ConfigError`)."""
-    from mmgpg.config import ConfigError, from_dict
-
+    """Instantiate a task with validated options (raises :class:`mmgpg.schema.ConfigError`)."""
     cls = find_task_class(name)
     options = dict(options or {})
     problems = options_problems(cls, options)

@@ -28,7 +28,8 @@ import torch
 from mmgpg import algorithms, distributed, lora, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Config, Resolved, save_config
-from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
+from mmgpg.modelload import load_for_training, load_policy_for
+from mmgpg.policy import CompletionBatch, Policy, gather_prompts, pad_completions
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
 from mmgpg.stream import PromptStream
 from mmgpg.task import SkipBadRows, build_task, first_items
@@ -86,14 +87,11 @@ class Trainer:
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
         dtype = self.backend.weights_dtype(cfg.model.dtype)
-        self.policy = policy or lora.load_for_training(cfg.model, self.device, dtype, checkpoint)
-        if cfg.model.lora.rank > 0 and not lora.is_lora(self.policy):  # a policy given by the caller
-            lora.attach(self.policy, cfg.model.lora, checkpoint / lora.ADAPTER_DIR if checkpoint else None)
-        self.reference = None
-        if cfg.algo.kl_coef > 0 and lora.is_lora(self.policy):
-            self.reference = self.policy  # the same model with its adapter switched off (_fixed_logprobs)
-        elif cfg.algo.kl_coef > 0:
-            self.reference = self._load(cfg.model.name_or_path, dtype)
+        self.policy = load_for_training(cfg.model, self.device, dtype, checkpoint, policy=policy)
+        # LoRA: the reference is the policy itself with its adapter switched off (_fixed_logprobs); no second copy.
+        self.reference = None if cfg.algo.kl_coef == 0 else (
+            self.policy if lora.is_lora(self.policy) else self._load(cfg.model.name_or_path, dtype))
+        if self.reference is not None and self.reference is not self.policy:
             self.reference.model.eval().requires_grad_(False)
         model = self.policy.model
         if cfg.train.freeze_vision:
@@ -120,7 +118,7 @@ class Trainer:
     # ---- set-up helpers -------------------------------------------------------------------------------------------
 
     def _check_layout(self) -> None:
-        from mmgpg.config import ConfigError, Problem
+        from mmgpg.schema import ConfigError, Problem
 
         cfg, world = self.cfg, self.dist.world_size
         problems = []
@@ -247,7 +245,7 @@ class Trainer:
             if self.cfg.algo.updates_per_batch > 1:
                 old = [self._logprobs(self.policy, r) for r, _ in micro]
             if self.reference is not None:
-                with lora.adapter_disabled(self.reference):  # LoRA: the reference is the base model inside the policy
+                with lora.adapter_disabled(self.reference):  # LoRA: the base model inside the policy
                     ref = [self._logprobs(self.reference, r) for r, _ in micro]
         return old, ref
 

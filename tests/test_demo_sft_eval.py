@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from mmgpg.evaluate import aggregate_scores, evaluate
-from mmgpg.policy import load_policy
+from mmgpg.modelload import load_policy
 from mmgpg.rollout.hf import HFEngine
 from mmgpg.sft import gold_rollout
 from mmgpg.task import build_task

@@ -158,7 +158,7 @@ def test_cv_bench_on_anchor_schema_fixtures(tmp_path):
 
 
 def test_policy_renders_raw_prompts(tiny_dirs):
-    from mmgpg.policy import load_policy
+    from mmgpg.modelload import load_policy
 
     tiny_policy = load_policy(str(tiny_dirs["qwen2_vl"]))
     image = Image.new("RGB", (56, 56), (10, 20, 30))
@@ -329,7 +329,7 @@ def test_a_task_file_outside_the_repo_trains_and_evaluates(tmp_path):
 
 def test_lisa_evaluation_with_a_sam_checkpoint_reports_mask_metrics(tmp_path, tiny_dirs, tiny_sam_dir):
     from mmgpg.evaluate import evaluate
-    from mmgpg.policy import load_policy
+    from mmgpg.modelload import load_policy
     from mmgpg.rollout.hf import HFEngine
 
     _reasonseg(tmp_path, "test", "b", [[50, 25], [150, 25], [150, 75]], ["the object"])

@@ -13,7 +13,7 @@ from test_policy_roundtrip import reference_logprobs
 
 from mmgpg import lora
 from mmgpg.config import ConfigError, LoraConfig, resolve, to_yaml
-from mmgpg.policy import load_policy
+from mmgpg.modelload import load_policy
 
 PIXELS = dict(dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
 
