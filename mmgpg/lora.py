@@ -282,3 +282,36 @@ def trainable_summary(model: torch.nn.Module) -> dict[str, int]:
         total += p.numel()
         trainable += p.numel() if p.requires_grad else 0
     return {"trainable": trainable, "total": total}
+
+
+def count_parameters(model, lora_cfg) -> dict[str, int | bool]:
+    """What ``model.lora`` would train on ``model`` (a meta-device model is enough; nothing is injected):
+    ``adapter`` = sum of ``rank x (in + out)`` over the targeted ``nn.Linear`` layers, ``full`` = the parameters of
+    ``trainable_modules`` (trained copies), ``vision`` = whether gradients reach the vision tower, ``head`` = whether
+    the output head is trained.
+
+    >>> import torch
+    >>> from mmgpg.config import LoraConfig
+    >>> m = torch.nn.Module(); m.model = torch.nn.Module(); m.model.language_model = torch.nn.Module()
+    >>> m.model.language_model.layers = torch.nn.ModuleList([torch.nn.Module()])
+    >>> m.model.language_model.layers[0].q_proj = torch.nn.Linear(8, 4)
+    >>> count_parameters(m, LoraConfig(rank=2, target_modules=["q_proj"]))["adapter"]  # 2 x (8 + 4)
+    24
+    """
+    import torch
+
+    pattern = re.compile(target_regex(lora_cfg))
+    adapter, vision, full, head = 0, False, 0, False
+    names = {n: m for n, m in model.named_modules() if n}
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for name, module in names.items():
+        if isinstance(module, torch.nn.Linear) and pattern.fullmatch(name):
+            adapter += lora_cfg.rank * (module.in_features + module.out_features)
+            vision = vision or ".visual." in f".{name}."
+    for wanted in lora_cfg.trainable_modules:
+        for name, module in names.items():
+            if name == wanted or name.endswith("." + wanted):
+                full += sum(p.numel() for p in module.parameters())
+                vision = vision or ".visual." in f".{name}."
+                head = head or module is output
+    return {"adapter": adapter, "full": full, "vision": vision, "head": head}
