@@ -147,3 +147,11 @@ def test_lora_step_changes_only_adapter_and_opted_in_parameters(tiny_dirs, tmp_p
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and changed <= trainable
     assert any("lora_" in n for n in changed) and any("modules_to_save" in n for n in changed)
+    # The trainer's GRPO reference log-probs (adapter off, after the update moved it) are the base model's, exactly.
+    base = load_policy(str(tiny_dirs["qwen2_vl"]), **PIXELS)
+    micro = trainer._micro_batches(groups)
+    _, ref = trainer._fixed_logprobs(micro)
+    with torch.no_grad():
+        for (batch, _), r in zip(micro, ref):
+            assert torch.equal(r, base.completion_logprobs(batch))
+            assert not torch.equal(r, trainer.policy.completion_logprobs(batch))
