@@ -155,3 +155,17 @@ def test_lora_step_changes_only_adapter_and_opted_in_parameters(tiny_dirs, tmp_p
         for (batch, _), r in zip(micro, ref):
             assert torch.equal(r, base.completion_logprobs(batch))
             assert not torch.equal(r, trainer.policy.completion_logprobs(batch))
+
+
+def test_checkpoints_from_before_lora_resume_without_a_config_change():
+    """A config.yaml written before model.lora existed ran with its defaults (rank 0): not a change on resume."""
+    import yaml
+
+    from mmgpg.resume import config_changes
+
+    new = yaml.safe_load(to_yaml(resolve([]).config))
+    old = copy.deepcopy(new)
+    del old["model"]["lora"]
+    assert config_changes(old, new) == {}
+    changed = yaml.safe_load(to_yaml(resolve(["model.lora.rank=8"]).config))
+    assert config_changes(old, changed) == {"model.lora.rank": (0, 8)}
