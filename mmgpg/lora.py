@@ -93,7 +93,7 @@ def check_lora(cfg) -> list:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _resolve_trainable(model: torch.nn.Module, names: list[str]) -> list[str]:
+def resolve_trainable(model: torch.nn.Module, names: list[str]) -> list[str]:
     """Each ``trainable_modules`` entry as PEFT's ``modules_to_save`` key; a name matching no module is an error."""
     modules = [n for n, _ in model.named_modules() if n]
     out = []
@@ -129,7 +129,7 @@ def _inject(model, lora_cfg, adapter_dir):
     if adapter_dir is not None:
         peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
     else:
-        trainable = _resolve_trainable(model, list(lora_cfg.trainable_modules))
+        trainable = resolve_trainable(model, list(lora_cfg.trainable_modules))
         if "lm_head" in [t.rsplit(".", 1)[-1] for t in trainable] and model.config.get_text_config().tie_word_embeddings:
             raise ValueError("model.lora.trainable_modules: lm_head is tied to embed_tokens in this model "
                              "(tie_word_embeddings); a separately trained head cannot be saved as this model. Train "

@@ -59,3 +59,14 @@ def test_check_and_plan_cli_report_the_lora_share(tmp_path, capsys):
     assert out["model"]["trainable_params"] == out["model"]["lora_params"] < out["model"]["params"] // 50
     main(["plan", f"model.name_or_path={d}", "model.lora.rank=8", "--gpus", "1", "--gpu-memory-gb", "80"])
     assert "LoRA rank 8:" in capsys.readouterr().out
+
+
+def test_check_reports_what_lora_trains_and_a_missing_module():
+    from mmgpg.preflight import preflight
+
+    findings = {f.check: f for f in preflight(resolve(["task=shapes", "model=tiny", "model.lora.rank=4"]).config)}
+    # tiny Qwen2-VL: 2 decoder layers x 4 x [(128+128) + 2 (128+64) + (128+128) + 2 (128+512) + (512+128)] = 22,528
+    assert findings["lora"].status == "ok" and "22,528 adapter + 0 fully trained" in findings["lora"].detail
+    bad = resolve(["task=shapes", "model=tiny", "model.lora.rank=4", "model.lora.trainable_modules=[lm_haed]"]).config
+    finding = {f.check: f for f in preflight(bad)}["lora"]
+    assert finding.status == "error" and "lm_haed" in finding.detail and "lm_head" in finding.detail
