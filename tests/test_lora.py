@@ -169,3 +169,25 @@ def test_checkpoints_from_before_lora_resume_without_a_config_change():
     assert config_changes(old, new) == {}
     changed = yaml.safe_load(to_yaml(resolve(["model.lora.rank=8"]).config))
     assert config_changes(old, changed) == {"model.lora.rank": (0, 8)}
+
+
+def test_lora_gradients_survive_gradient_checkpointing(tiny_dirs, tmp_path):
+    """Frozen embeddings + activation checkpointing is PEFT's classic silent zero-gradient trap (reentrant
+    checkpointing needs inputs that require grad): the adapter gradients must equal those without checkpointing."""
+    from gradient_reference import make_groups, make_trainer
+
+    grads = []
+    for gc in ("false", "true"):
+        torch.manual_seed(0)
+        trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / gc), "gpg", "model.lora.rank=4",
+                               f"train.gradient_checkpointing={gc}")
+        model = trainer.policy.model
+        assert getattr(model, "is_activation_checkpointing", model.is_gradient_checkpointing) == (gc == "true")
+        _perturb(trainer.policy)
+        groups = make_groups(trainer, range(4))
+        trainer.compute_gradients(groups, trainer.advantages(groups))
+        grads.append({n: p.grad.clone() for n, p in trainer.policy.model.named_parameters() if p.requires_grad})
+    assert grads[0].keys() == grads[1].keys()
+    assert all(float(g.abs().sum()) > 0 for n, g in grads[0].items() if "lora_A" in n and "layers.0." in n)
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], atol=1e-6, rtol=1e-5)
