@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from mmgpg.lora import check_lora
 from mmgpg.schema import Problem, did_you_mean
 from mmgpg.task import TaskNotFound, find_task_class, options_problems
 
@@ -94,6 +95,7 @@ def check(cfg: Config) -> list[Problem]:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", cfg.device):
         p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
     p += _check_task(cfg.task)
+    p += check_lora(cfg)
     return p
 
 

@@ -24,9 +24,10 @@ def format_plan(plan: Plan) -> str:
     s, w, mdl = plan.setup, plan.workload, plan.model
     stage = f" ZeRO-{s['zero_stage']}" if s["backend"] == "deepspeed" else ""
     off = f" + {s['offload']} offload" if s["offload"] != "none" else ""
+    lora = f", LoRA rank {mdl['lora_rank']}: {mdl['trainable_params'] / mdl['params']:.2%}" if mdl["lora_rank"] else ""
     lines = [
         f"mmgpg plan: {mdl['name_or_path']} ({mdl['params'] / 1e9:.2f} B parameters, "
-        f"{mdl['trainable_params'] / 1e9:.2f} B trainable), {s['backend']}{stage}{off}, precision {s['precision']}, "
+        f"{mdl['trainable_params'] / 1e9:.2f} B trainable{lora}), {s['backend']}{stage}{off}, precision {s['precision']}, "
         f"{s['nodes']} node(s) x {s['gpus_per_node']} GPU(s) of {s['gpu_memory_gib']:g} GiB",
         f"micro-batch: {w['micro_batch_sequences']} sequences x {w['sequence_length']} tokens, "
         f"{w['images_per_micro_batch']} image(s) x {w['patches_per_image']} patches; rollout: "
@@ -77,7 +78,7 @@ def add_hardware_args(p: argparse.ArgumentParser, required: bool = True) -> None
 
 
 def plan_from_args(cfg, args) -> Plan:
-    return plan_memory(cfg, model_shape(cfg.model.name_or_path), gpus=args.gpus, nodes=args.nodes,
+    return plan_memory(cfg, model_shape(cfg.model.name_or_path, cfg.model.lora), gpus=args.gpus, nodes=args.nodes,
                        gpu_memory_gb=args.gpu_memory_gb, backend=args.backend, zero_stage=args.zero_stage,
                        offload=args.offload, reserve_gb=args.reserve_gb, images_per_prompt=args.images_per_prompt)
 

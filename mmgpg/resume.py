@@ -104,6 +104,11 @@ def config_changes(old_tree: dict, new_tree: dict, command: str = "train") -> di
     """``{dotted key: (old, new)}`` for every key that differs and that ``command`` reads (``sft.*`` is not used by
     train, ``algo.*`` and most of ``train.*`` not by sft; the resume switches themselves are not changes)."""
     old, new = _flatten(old_tree), _flatten(new_tree)
+    from mmgpg.config import Config, to_dict
+
+    # A key added to the schema after the checkpoint was written (e.g. model.lora.*) ran with its default.
+    defaults = _flatten(to_dict(Config()))
+    old.update({k: defaults[k] for k in set(new) - set(old) if k in defaults})
     keys = sorted(set(old) | set(new))
     ignored = ("train.resume", "train.resume_config")  # how this start was asked for, not what the run computes
     prefixes, used = UNUSED_BY[command]

@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from mmgpg import algorithms, distributed, resume
+from mmgpg import algorithms, distributed, lora, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Config, Resolved, save_config
-from mmgpg.modelload import load_policy_for
+from mmgpg.modelload import load_for_training, load_policy_for
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, pad_completions
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
 from mmgpg.runlog import RunLog
@@ -87,10 +87,11 @@ class Trainer:
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
         dtype = self.backend.weights_dtype(cfg.model.dtype)
-        source = str(checkpoint / "policy") if checkpoint else cfg.model.name_or_path
-        self.policy = policy or self._load(source, dtype)
-        self.reference = self._load(cfg.model.name_or_path, dtype) if cfg.algo.kl_coef > 0 else None
-        if self.reference is not None:
+        self.policy = load_for_training(cfg.model, self.device, dtype, checkpoint, policy=policy)
+        # LoRA: the reference is the policy itself with its adapter switched off (_fixed_logprobs); no second copy.
+        self.reference = None if cfg.algo.kl_coef == 0 else (
+            self.policy if lora.is_lora(self.policy) else self._load(cfg.model.name_or_path, dtype))
+        if self.reference is not None and self.reference is not self.policy:
             self.reference.model.eval().requires_grad_(False)
         model = self.policy.model
         if cfg.train.freeze_vision:
@@ -246,7 +247,8 @@ class Trainer:
             if self.cfg.algo.updates_per_batch > 1:
                 old = [self._logprobs(self.policy, r) for r, _ in micro]
             if self.reference is not None:
-                ref = [self._logprobs(self.reference, r) for r, _ in micro]
+                with lora.adapter_disabled(self.reference):  # LoRA: the base model inside the policy
+                    ref = [self._logprobs(self.reference, r) for r, _ in micro]
         return old, ref
 
     def compute_gradients(self, groups: list[Group], counts: StepCounts) -> tuple[float, float]:

@@ -288,7 +288,7 @@ def test_7b_full_finetune_on_plain_backend_does_not_fit(config_dirs, capsys):
                         "--gpu-memory-gb", "80"], capsys)
     assert code == 1
     assert "DOES NOT FIT" in out
-    assert "--backend deepspeed --zero-stage" in out and "LoRA (issue 14" in out
+    assert "--backend deepspeed --zero-stage" in out and "model.lora.rank=16 (LoRA)" in out
     # 16 bytes per parameter before any activation: 8.29e9 * 16 / 2**30 = 123.6 GiB > 80.
     plain = json.loads(run(["plan", "model=qwen2_5_vl_7b", f"model.name_or_path={config_dirs['7b']}", "--gpus", "8",
                             "--gpu-memory-gb", "80", "--json"], capsys)[1])
