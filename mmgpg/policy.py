@@ -480,12 +480,25 @@ class Policy:
         hidden = self.model.model(**kwargs, use_cache=False).last_hidden_state
         scored = hidden[:, prompt_len - 1 : -1][comp_mask]  # [K, H]: positions that predict completion tokens
         head = self.model.get_output_embeddings()
-        logp = chunked_token_logprobs(
-            scored, head.weight, comp_ids[comp_mask], chunk_size=chunk_size, bias=head.bias, temperature=temperature,
-            excluded_token_ids=self.vision_token_ids,
-        )
+
+        def score(hidden_, targets_):  # reads head.weight only inside head's own call (see _call_through)
+            return chunked_token_logprobs(hidden_, head.weight, targets_, chunk_size=chunk_size, bias=head.bias,
+                                          temperature=temperature, excluded_token_ids=self.vision_token_ids)
+
+        logp = _call_through(head, score, scored, comp_ids[comp_mask])
         out = torch.zeros(comp_ids.shape, dtype=logp.dtype, device=device)
         return out.masked_scatter(comp_mask, logp)
+
+
+def _call_through(module: torch.nn.Module, fn, *args):
+    """``fn(*args)`` run as ``module``'s forward, so hooks on ``module`` see it: DeepSpeed ZeRO-3 gathers a
+    partitioned ``lm_head.weight`` for the call and again for its backward (and releases it after each), exactly as for
+    the module's own forward. Without hooks this is ``fn(*args)``."""
+    module.forward = fn  # an instance attribute shadows the class's forward for this one call
+    try:
+        return module(*args)
+    finally:
+        del module.forward
 
 
 def gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -> PromptBatch:
