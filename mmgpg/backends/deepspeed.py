@@ -212,10 +212,26 @@ class DeepSpeedBackend:
             raise FileNotFoundError(f"no DeepSpeed engine state in {directory}")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scheduler": self.scheduler.state_dict(), "deepspeed": {"zero_stage": self.zero_stage,
-                                                                       "world_size": self.dist.world_size}}
+        # The optimizer state itself is DeepSpeed's (partitioned over ranks): engine/ beside this file.
+        return {"optimizer": {"in": "engine/"}, "scheduler": self.scheduler.state_dict(),
+                "deepspeed": {"zero_stage": self.zero_stage, "world_size": self.dist.world_size}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        from mmgpg.checkpoint import CheckpointError
+
+        saved = state.get("deepspeed")
+        if saved is None:
+            raise CheckpointError("this checkpoint was written by the plain backend (its optimizer state is a torch "
+                                  "AdamW state, not DeepSpeed's): resume it with train.backend=plain, or start a new "
+                                  "run from its policy/ (model.name_or_path=<checkpoint>/policy) with a fresh optimizer")
+        world, stage = int(saved["world_size"]), int(saved["zero_stage"])
+        if world != self.dist.world_size or stage != self.zero_stage:
+            raise CheckpointError(
+                f"this checkpoint's DeepSpeed state was written by {world} rank(s) with ZeRO stage {stage}; this run "
+                f"has {self.dist.world_size} rank(s) and ZeRO stage {self.zero_stage}. The optimizer state is "
+                f"partitioned per rank and mmgpg does not re-split it: resume with {world} rank(s) "
+                f"(torchrun --nproc_per_node ... totalling {world}) and train.zero_stage={stage}, or start a new run "
+                "from the checkpoint's policy/ (model.name_or_path=<checkpoint>/policy; the optimizer starts afresh)")
         self.scheduler.load_state_dict(state["scheduler"])
 
 

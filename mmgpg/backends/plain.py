@@ -122,5 +122,11 @@ class PlainBackend:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "deepspeed" in state:
+            from mmgpg.checkpoint import CheckpointError
+
+            raise CheckpointError("this checkpoint was written by the DeepSpeed backend (its optimizer state is in "
+                                  "engine/): resume it with train.backend=deepspeed, or start a new run from its "
+                                  "policy/ (model.name_or_path=<checkpoint>/policy) with a fresh optimizer")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -1,0 +1,204 @@
+"""The DeepSpeed backend with real DeepSpeed (gloo, 2 processes on CPU).
+
+* ZeRO-2 and ZeRO-3: the step gradient (full, reduced, before the optimizer step) equals the plain backend's
+  single-process gradient on the union of the groups and the independent one-sequence-at-a-time reference
+  (``tests/gradient_reference.py``), with α on and the uneven split of test_distributed (rank 0 forwards two
+  informative groups, rank 1 one plus a zero-weight padding micro-batch).
+* The configuration: the DeepSpeed keys' checks and the merge of a user JSON (conflicts name both sources).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from gradient_reference import (
+    ALPHA,
+    gpg_advantages,
+    make_groups,
+    make_trainer,
+    reference_gradient,
+    relative_error,
+    trainer_gradient,
+)
+
+from mmgpg.backends import deepspeed_config
+from mmgpg.config import ConfigError, resolve
+
+HAVE_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+needs_deepspeed = pytest.mark.skipif(not HAVE_DEEPSPEED, reason="deepspeed is not installed "
+                                     "(pip install 'mmgpg[deepspeed]')")
+TOL = 1e-5  # measured ~2e-7 (ZeRO-3) and ~4e-8 (ZeRO-2) against the single-process plain gradient
+
+
+def spawn(fn, args, nprocs: int = 2, timeout: float = float(os.environ.get("MMGPG_SPAWN_TIMEOUT", 420))) -> None:
+    """mp.spawn with a deadline: a collective that one rank never joins fails the test instead of hanging it."""
+    ctx = mp.spawn(fn, args=args, nprocs=nprocs, join=False)
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            pytest.fail(f"the {nprocs} ranks did not finish within {timeout:.0f} s (a collective one rank never joined?)")
+
+
+def ds_init(rank: int, world: int, init_file: str) -> None:
+    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+
+
+def _gradient_worker(rank: int, world: int, init_file: str, model_dir: str, out: str, stage: int) -> None:
+    ds_init(rank, world, init_file)
+    try:
+        trainer = make_trainer(model_dir, f"{out}/ds", "gpg", "train.backend=deepspeed", f"train.zero_stage={stage}")
+        groups = make_groups(trainer, [2 * rank, 2 * rank + 1])
+        counts = trainer.advantages(groups)
+        micro = trainer._micro_batches(groups)
+        trainer.compute_gradients(groups, counts)
+        grads = trainer.backend.full_gradients()  # collective under ZeRO-3
+        torch.save({"grad": grads, "micro": [w for _, _, w in micro], "alpha": counts.alpha}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_deepspeed
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_gradient_equals_plain_and_reference(tiny_dirs, tmp_path, stage):
+    model_dir = str(tiny_dirs["qwen2_vl"])
+    spawn(_gradient_worker, (2, str(tmp_path / "init"), model_dir, str(tmp_path), stage))
+    rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    # The uneven split: rank 1 forwards one informative group and pads with one zero-weight micro-batch.
+    assert rank0["micro"] == [1.0, 1.0] and rank1["micro"] == [1.0, 0.0]
+    assert rank0["alpha"] == rank1["alpha"] == ALPHA
+    for k in rank0["grad"]:
+        assert torch.equal(rank0["grad"][k], rank1["grad"][k]), f"ranks hold different gradients at {k}"
+
+    single = make_trainer(model_dir, str(tmp_path / "single"), "gpg")  # the plain backend, one process
+    groups = make_groups(single, [0, 1, 2, 3])
+    plain = trainer_gradient(single, groups)
+    assert relative_error(rank0["grad"], plain) < TOL
+    want = reference_gradient(single, groups, [gpg_advantages(g.rewards) for g in groups], alpha=ALPHA,
+                              aggregation="seq_mean_token_mean")
+    assert relative_error(rank0["grad"], want) < TOL
+
+
+# ---- configuration -----------------------------------------------------------------------------------------------
+
+
+def _problems(*overrides: str) -> list[str]:
+    try:
+        resolve(["model=tiny", *overrides])
+    except ConfigError as err:
+        return [str(p) for p in err.problems]
+    return []
+
+
+def test_deepspeed_keys_are_checked(tmp_path):
+    assert _problems("train.backend=deepspeed", "train.zero_stage=3", "train.offload_params=true") == [] \
+        or not HAVE_DEEPSPEED
+    [p] = _problems("train.backend=deepspeed", "train.zero_stage=4")
+    assert p.startswith("train.zero_stage: got 4.")
+    [p] = _problems("train.backend=deepspeed", "train.zero_stage=2", "train.offload_params=true")
+    assert p.startswith("train.offload_params") and "train.zero_stage=3" in p
+    [p] = _problems("train.backend=deepspeed", "train.zero_stage=0", "train.offload_optimizer=true")
+    assert p.startswith("train.offload_optimizer") and "ZeRO stage 1 or more" in p
+    [p] = _problems("train.offload_optimizer=true")  # plain backend
+    assert "only applies to train.backend=deepspeed" in p
+    [p] = _problems("train.backend=deepspeed", f"train.deepspeed_config={tmp_path / 'missing.json'}")
+    assert p.startswith("train.deepspeed_config") and "does not exist" in p
+
+
+def test_missing_deepspeed_names_the_install_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(deepspeed_config.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    [p] = _problems("train.backend=deepspeed")
+    assert "pip install 'mmgpg[deepspeed]'" in p and p.startswith("train.backend")
+
+
+def test_user_json_merges_and_conflicts_name_both_sources(tmp_path):
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps({"zero_optimization": {"stage": "auto", "reduce_bucket_size": 5e7}, "gradient_clipping": 1.0}))
+    derived, sources = deepspeed_config.derive(3, False, False, 1.0, bf16=False)
+    merged = deepspeed_config.merge(derived, sources, deepspeed_config.read_user_config(str(ok)), str(ok))
+    assert merged["zero_optimization"] == {"stage": 3, "reduce_bucket_size": 5e7}
+    assert merged["gradient_clipping"] == 1.0
+    assert _problems("train.backend=deepspeed", "train.zero_stage=3", f"train.deepspeed_config={ok}") == [] \
+        or not HAVE_DEEPSPEED
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"zero_optimization": {"stage": 2}, "gradient_clipping": 0.5,
+                               "optimizer": {"type": "AdamW"}}))
+    problems = _problems("train.backend=deepspeed", "train.zero_stage=3", f"train.deepspeed_config={bad}")
+    assert len(problems) == 3
+    stage = next(p for p in problems if "zero_optimization.stage" in p)
+    assert str(bad) in stage and "train.zero_stage" in stage and "= 3" in stage
+    clip = next(p for p in problems if "gradient_clipping" in p)
+    assert "train.max_grad_norm" in clip
+    assert any("optimizer" in p and "mmgpg builds AdamW" in p for p in problems)
+
+
+# ---- checkpoints under ZeRO-3 ------------------------------------------------------------------------------------
+
+GREEDY_PROMPTS = 3
+
+
+def _checkpoint_worker(rank: int, world: int, init_file: str, model_dir: str, out: str) -> None:
+    from mmgpg.rollout import Sampling
+
+    ds_init(rank, world, init_file)
+    try:
+        trainer = make_trainer(model_dir, f"{out}/run", "gpg", "train.backend=deepspeed", "train.zero_stage=3",
+                               "train.learning_rate=1e-2")
+        groups = make_groups(trainer, [2 * rank, 2 * rank + 1])
+        trainer.update(groups, trainer.advantages(groups))  # one real step: the weights leave their initial values
+        checkpoint = trainer.save()
+        examples = [trainer.dataset[i] for i in range(GREEDY_PROMPTS)]
+        with trainer.backend.generation_context():  # every rank gathers; rank 0 generates with the live model
+            if rank == 0:
+                batch = trainer.engine.generate([trainer.task.prompt(e) for e in examples], 1,
+                                                Sampling(temperature=0.0, top_p=1.0, top_k=0, max_new_tokens=12))
+                torch.save({"ids": batch.completion_ids, "mask": batch.completion_mask, "checkpoint": str(checkpoint)},
+                           f"{out}/live.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_deepspeed
+@pytest.mark.distributed
+def test_zero3_checkpoint_policy_loads_in_transformers_and_answers_like_the_live_model(tiny_dirs, tmp_path):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from mmgpg.checkpoint import verify_checkpoint
+    from mmgpg.policy import Policy
+
+    model_dir = str(tiny_dirs["qwen2_vl"])
+    spawn(_checkpoint_worker, (2, str(tmp_path / "init"), model_dir, str(tmp_path)))
+    live = torch.load(tmp_path / "live.pt")
+    checkpoint = Path(live["checkpoint"])
+    assert verify_checkpoint(checkpoint)["world_size"] == 2
+    assert (checkpoint / "engine").is_dir()  # DeepSpeed's partitioned optimizer state beside policy/
+
+    model = AutoModelForImageTextToText.from_pretrained(checkpoint / "policy", dtype=torch.float32)
+    initial = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
+    moved = [n for (n, p), q in zip(model.named_parameters(), initial.parameters()) if not torch.equal(p, q)]
+    assert moved, "the saved weights equal the initial ones: the step or the ZeRO-3 gather did not happen"
+    policy = Policy(model, AutoProcessor.from_pretrained(checkpoint / "policy"), min_pixels=3136, max_pixels=12544)
+    trainer_task = make_trainer(model_dir, str(tmp_path / "task-only"), "gpg")
+    examples = [trainer_task.dataset[i] for i in range(GREEDY_PROMPTS)]
+    batch = policy.generate(policy.encode_prompts([trainer_task.task.prompt(e) for e in examples]), 1,
+                            max_new_tokens=12, temperature=0.0)
+    assert torch.equal(batch.completion_mask, live["mask"])
+    assert torch.equal(batch.completion_ids.masked_fill(~batch.completion_mask, 0),
+                       live["ids"].masked_fill(~live["mask"], 0))
