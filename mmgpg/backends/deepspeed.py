@@ -189,9 +189,7 @@ class DeepSpeedBackend:
     def generation_context(self) -> AbstractContextManager:
         if self.zero_stage != 3 or self.engine is None:
             return contextlib.nullcontext()
-        from deepspeed.runtime.zero.stage3 import unwrap_model_for_generation
-
-        return unwrap_model_for_generation(self.engine)
+        return _gathered_for_generation(self.engine)
 
     # ---- checkpoints ----------------------------------------------------------------------------------------------
 
@@ -233,6 +231,27 @@ class DeepSpeedBackend:
                 f"(torchrun --nproc_per_node ... totalling {world}) and train.zero_stage={stage}, or start a new run "
                 "from the checkpoint's policy/ (model.name_or_path=<checkpoint>/policy; the optimizer starts afresh)")
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+@contextlib.contextmanager
+def _gathered_for_generation(engine):
+    """ZeRO-3 parameters gathered once for a whole block of generation, with no collective inside it: DeepSpeed's
+    ``unwrap_model_for_generation`` (one all-gather of every parameter, the per-module fetch/release hooks removed
+    for the block), and also the root module's start-of-forward hook removed, which checks the recorded module order
+    collectively (``reset_step``) — ranks generate different numbers of tokens, and evaluation runs on rank 0 only.
+    Every rank must enter (the gather and the release are collectives). Memory: the full model on every rank for the
+    block, as with TRL's ``unwrap_model_for_generation``."""
+    from deepspeed.runtime.zero.stage3 import unwrap_model_for_generation
+
+    offload = getattr(engine.optimizer, "parameter_offload", None) or engine.optimizer
+    start_hook = offload.module._forward_pre_hooks.get(offload.fwd_pre_hook.id)
+    offload.fwd_pre_hook.remove()
+    try:
+        with unwrap_model_for_generation(engine):
+            yield
+    finally:
+        if start_hook is not None:
+            offload.fwd_pre_hook = offload.module.register_forward_pre_hook(start_hook, prepend=True)
 
 
 @contextlib.contextmanager
