@@ -142,7 +142,7 @@ def check_model_source(path: str) -> bool:
         head = path.split("/", 1)[0]
         if path.startswith(("/", ".", "~")) or path.count("/") > 1 or (path.count("/") == 1 and Path(head).is_dir()):
             siblings = sorted(x.name for x in p.parent.iterdir()) if p.parent.is_dir() else []
-            from mmgpg.config import did_you_mean
+            from mmgpg.schema import did_you_mean
 
             raise FileNotFoundError(f"model directory {path!r} does not exist." + did_you_mean(p.name, siblings))
         return False

@@ -18,22 +18,27 @@ resolved config is written to ``config.yaml`` in every run directory (:func:`sav
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import difflib
-import inspect
-import math
-import re
 import textwrap
-import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
+
+from mmgpg.config_checks import check
+from mmgpg.schema import (  # noqa: F401  (ConfigError, Problem: re-exported for callers of config)
+    ConfigError,
+    Problem,
+    did_you_mean,
+    field_docs,
+    from_dict,
+    open_field,
+    to_dict,
+)
+from mmgpg.task import TaskNotFound, find_task_class
 
 # --------------------------------------------------------------------------------------------------------------------
 # Schema
@@ -220,6 +225,8 @@ class TaskConfig:
     """Task plugin: a registered name (`mmgpg tasks` lists them) or `path/to/file.py:ClassName`."""
     options: dict[str, Any] = field(default_factory=dict)
     """Task-specific options, written flat under `task:` (e.g. `task.num_train=500`); each task documents its own."""
+    # The flat-options convention: keys under `task:` other than `name` belong to the task plugin.
+    _open_field: ClassVar[str] = "options"
 
 
 @dataclass
@@ -253,213 +260,6 @@ class Config:
     """Torch device: auto (cuda:LOCAL_RANK when a GPU exists, else cpu), cpu, cuda, cuda:1, ..."""
 
 
-# The flat-options convention: keys under `task:` other than `name` belong to the task plugin.
-_OPEN_SECTIONS: dict[type, str] = {TaskConfig: "options"}
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Errors
-# --------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Problem:
-    """One configuration problem: which key, what was given, why it is wrong, how to fix it."""
-
-    key: str
-    got: Any
-    why: str
-    fix: str
-
-    def __str__(self) -> str:
-        got = "nothing" if self.got is _MISSING else f"{self.got!r}"
-        return f"{self.key}: got {got}. {self.why} Fix: {self.fix}"
-
-
-class ConfigError(ValueError):
-    """All problems found in one configuration, raised together."""
-
-    def __init__(self, problems: Sequence[Problem]):
-        self.problems = list(problems)
-        lines = [f"{len(self.problems)} problem(s) in the configuration:"]
-        lines += [f"  - {p}" for p in self.problems]
-        super().__init__("\n".join(lines))
-
-
-_MISSING = object()
-
-
-def did_you_mean(word: str, candidates: Sequence[str]) -> str:
-    """`` Did you mean 'x'?`` for the closest candidate, or ``''``."""
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f" Did you mean {close[0]!r}?" if close else ""
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Field documentation (the docstring under each field)
-# --------------------------------------------------------------------------------------------------------------------
-
-
-@cache
-def field_docs(cls: type) -> dict[str, str]:
-    """``{field: docstring}`` from the string literal written under each field of a dataclass."""
-    source = textwrap.dedent(inspect.getsource(cls))
-    body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
-    docs: dict[str, str] = {}
-    for stmt, nxt in zip(body, body[1:]):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[stmt.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# dict <-> dataclass with type checks
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return "null"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any) -> tuple[bool, Any]:
-    """Return ``(ok, value)``: ``value`` converted to ``tp`` where that is lossless (``"1e-6"`` → float)."""
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return True, value
-    if origin is Literal:
-        return (value in typing.get_args(tp)), value
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            ok, v = _coerce(value, arg)
-            if ok:
-                return True, v
-        return False, value
-    if tp is type(None):
-        return value is None, value
-    if tp is bool:
-        if isinstance(value, bool):
-            return True, value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return True, value.lower() == "true"
-        return False, value
-    if tp is int:
-        if isinstance(value, bool):
-            return False, value
-        if isinstance(value, int):
-            return True, value
-        if isinstance(value, float) and value.is_integer():
-            return True, int(value)
-        if isinstance(value, str) and re.fullmatch(r"[+-]?\d+", value.strip()):
-            return True, int(value)
-        return False, value
-    if tp is float:
-        if isinstance(value, bool):
-            return False, value
-        if isinstance(value, (int, float)):
-            return True, float(value)
-        if isinstance(value, str):
-            try:
-                return True, float(value)
-            except ValueError:
-                return False, value
-        return False, value
-    if tp is str:
-        return isinstance(value, str), value
-    if origin in (list, tuple, Sequence):
-        if not isinstance(value, (list, tuple)):
-            return False, value
-        (arg, *_) = typing.get_args(tp) or (Any,)
-        out = []
-        for item in value:
-            ok, v = _coerce(item, arg)
-            if not ok:
-                return False, value
-            out.append(v)
-        return True, list(out)
-    if origin is dict:
-        return isinstance(value, dict), value
-    return isinstance(value, tp), value
-
-
-def _finite(value: Any) -> bool:
-    """False for a float NaN/Inf, also inside lists and dicts (config numbers must be finite)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, (list, tuple)):
-        return all(_finite(v) for v in value)
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    return True
-
-
-def from_dict(cls: type, data: Any, problems: list[Problem], prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from nested dicts, appending a :class:`Problem` for every mismatch."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    open_key = _OPEN_SECTIONS.get(cls)
-    if not isinstance(data, dict):
-        problems.append(Problem(prefix.rstrip(".") or "<root>", data, "Expected a mapping of fields.",
-                                f"give {prefix.rstrip('.') or 'the config'} as `key: value` lines."))
-        return cls()
-    kwargs: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    for key, value in data.items():
-        key = str(key)
-        if key not in fields or key == open_key:
-            if open_key:
-                if key == open_key and isinstance(value, dict):
-                    extra.update(value)
-                else:
-                    extra[key] = value
-                continue
-            problems.append(Problem(prefix + key, value, f"{cls.__name__} has no field {key!r}.",
-                                    "remove it or use one of: " + ", ".join(fields) + "." + did_you_mean(key, list(fields))))
-            continue
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = from_dict(tp, value, problems, prefix + key + ".")
-            continue
-        ok, coerced = _coerce(value, tp)
-        if not ok:
-            doc = field_docs(cls).get(key, "")
-            problems.append(Problem(prefix + key, value, f"Expected {_type_name(tp)}." + (f" ({doc})" if doc else ""),
-                                    f"set {prefix + key}=<{_type_name(tp)}>."))
-            continue
-        if not _finite(coerced):
-            problems.append(Problem(prefix + key, value, "NaN and infinity are not allowed: every number in the "
-                                    "config must be finite.", f"set {prefix + key} to a finite number."))
-            continue
-        kwargs[key] = coerced
-    if open_key:
-        kwargs[open_key] = {**kwargs.get(open_key, {}), **extra} if extra else kwargs.get(open_key, {})
-    return cls(**kwargs)
-
-
-def to_dict(obj: Any) -> Any:
-    """Nested plain dict of a config dataclass (task options flattened back under ``task:``)."""
-    if dataclasses.is_dataclass(obj):
-        out: dict[str, Any] = {}
-        open_key = _OPEN_SECTIONS.get(type(obj))
-        for f in dataclasses.fields(obj):
-            value = to_dict(getattr(obj, f.name))
-            if f.name == open_key:
-                out.update(value)
-            else:
-                out[f.name] = value
-        return out
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
-    return obj
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -619,127 +419,6 @@ def _field_type(dotted: str) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Validation of values
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def check(cfg: Config) -> list[Problem]:
-    """Every problem with the values of a well-typed config (ranges, relations, the task and its options)."""
-    p: list[Problem] = []
-    m, r = cfg.model, cfg.rollout
-    if m.min_pixels < 1:
-        p.append(Problem("model.min_pixels", m.min_pixels, "Images need a positive area.", "set model.min_pixels=3136."))
-    if m.max_pixels < m.min_pixels:
-        p.append(Problem("model.max_pixels", m.max_pixels, f"It is below model.min_pixels={m.min_pixels}.",
-                         "raise model.max_pixels or lower model.min_pixels."))
-    if m.max_prompt_length < 1:
-        p.append(Problem("model.max_prompt_length", m.max_prompt_length, "Prompts need at least one token.",
-                         "set model.max_prompt_length=1024."))
-    if m.logprob_chunk_size < 1:
-        p.append(Problem("model.logprob_chunk_size", m.logprob_chunk_size, "Chunks need at least one token.",
-                         "set model.logprob_chunk_size=1024."))
-    if r.group_size < 1:
-        p.append(Problem("rollout.group_size", r.group_size, "Each prompt needs at least one completion.",
-                         "set rollout.group_size=8."))
-    if r.max_new_tokens < 1:
-        p.append(Problem("rollout.max_new_tokens", r.max_new_tokens, "Completions need at least one token.",
-                         "set rollout.max_new_tokens=256."))
-    if r.temperature <= 0:
-        p.append(Problem("rollout.temperature", r.temperature,
-                         "Rollouts sample group_size completions per prompt; at temperature 0 (greedy) they are all "
-                         "the same, so every group has zero variance and nothing is learnt.",
-                         "set rollout.temperature=1.0 (evaluation is greedy by itself)."))
-    if not 0 < r.top_p <= 1:
-        p.append(Problem("rollout.top_p", r.top_p, "top_p is a probability mass in (0, 1].", "set rollout.top_p=1.0."))
-    if r.top_k < 0:
-        p.append(Problem("rollout.top_k", r.top_k, "top_k counts tokens (0 disables it).", "set rollout.top_k=0."))
-    a, t = cfg.algo, cfg.train
-    p += _check_registered(cfg)
-    if a.std_eps < 0:
-        p.append(Problem("algo.std_eps", a.std_eps, "It must be >= 0.", "set algo.std_eps=1e-4."))
-    if a.clip_eps <= 0:
-        p.append(Problem("algo.clip_eps", a.clip_eps, "The clip range must be > 0.", "set algo.clip_eps=0.2."))
-    if a.kl_coef < 0:
-        p.append(Problem("algo.kl_coef", a.kl_coef, "A KL weight is >= 0.", "set algo.kl_coef=0 (GPG) or 0.04 (GRPO)."))
-    if not 0 <= a.min_valid_fraction <= 1:
-        p.append(Problem("algo.min_valid_fraction", a.min_valid_fraction, "It is a fraction of samples in [0, 1].",
-                         "set algo.min_valid_fraction=0.4 (0 disables resampling)."))
-    if a.max_resample_attempts < 1:
-        p.append(Problem("algo.max_resample_attempts", a.max_resample_attempts, "At least one rollout is needed.",
-                         "set algo.max_resample_attempts=20."))
-    if a.zero_variance_tol < 0:
-        p.append(Problem("algo.zero_variance_tol", a.zero_variance_tol, "A tolerance is >= 0.",
-                         "set algo.zero_variance_tol=0."))
-    if a.updates_per_batch < 1:
-        p.append(Problem("algo.updates_per_batch", a.updates_per_batch, "At least one update per batch.",
-                         "set algo.updates_per_batch=1."))
-    elif a.updates_per_batch > 1 and a.token_loss == "reinforce":
-        p.append(Problem("algo.updates_per_batch", a.updates_per_batch,
-                         "reinforce has no importance ratio, so a second update on the same samples would be off-policy "
-                         "and uncorrected.", "set algo.token_loss=clipped_ratio, or algo.updates_per_batch=1."))
-    for key, value, low in (("max_steps", t.max_steps, 1), ("prompts_per_step", t.prompts_per_step, 1),
-                            ("micro_batch_prompts", t.micro_batch_prompts, 1), ("keep_last", t.keep_last, 1),
-                            ("warmup_steps", t.warmup_steps, 0), ("save_every", t.save_every, 0),
-                            ("max_nonfinite_steps", t.max_nonfinite_steps, 0), ("probe_every", t.probe_every, 0),
-                            ("probe_samples", t.probe_samples, 1), ("probe_limit", t.probe_limit, 0)):
-        if value < low:
-            p.append(Problem(f"train.{key}", value, f"It must be >= {low}.", f"set train.{key} to an integer >= {low}."))
-    for key, value, low in (("max_steps", cfg.sft.max_steps, 1), ("batch_size", cfg.sft.batch_size, 1),
-                            ("eval_every", cfg.sft.eval_every, 0), ("save_every", cfg.sft.save_every, 0)):
-        if value < low:
-            p.append(Problem(f"sft.{key}", value, f"It must be >= {low}.", f"set sft.{key} to an integer >= {low}."))
-    if cfg.sft.learning_rate <= 0:
-        p.append(Problem("sft.learning_rate", cfg.sft.learning_rate, "It must be > 0.", "set sft.learning_rate=1e-5."))
-    if t.eval_every < 0 or t.eval_limit < 0:
-        p.append(Problem("train.eval_every", (t.eval_every, t.eval_limit), "eval_every and eval_limit are >= 0.",
-                         "set train.eval_every=0 or a positive step count."))
-    if t.learning_rate <= 0:
-        p.append(Problem("train.learning_rate", t.learning_rate, "It must be > 0.", "set train.learning_rate=1e-6."))
-    if t.max_grad_norm < 0:
-        p.append(Problem("train.max_grad_norm", t.max_grad_norm, "It must be >= 0 (0 disables clipping).",
-                         "set train.max_grad_norm=1.0."))
-    if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
-        p.append(Problem("train.adam_betas", t.adam_betas, "AdamW needs two betas in [0, 1).",
-                         "set train.adam_betas=[0.9,0.999]."))
-    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", cfg.device):
-        p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
-    from mmgpg.backends import deepspeed_config
-
-    p += deepspeed_config.check(t)
-    p += _check_task(cfg.task)
-    return p
-
-
-def _check_registered(cfg: Config) -> list[Problem]:
-    """Names that must be keys of a registry (each name list lives once, beside its implementations)."""
-    from mmgpg import algorithms
-    from mmgpg.backends import BACKENDS
-    from mmgpg.rollout.engine import ENGINES
-
-    out = []
-    for key, value, names in (("algo.advantage", cfg.algo.advantage, algorithms.ADVANTAGES),
-                              ("algo.token_loss", cfg.algo.token_loss, algorithms.TOKEN_LOSSES),
-                              ("algo.aggregation", cfg.algo.aggregation, algorithms.AGGREGATIONS),
-                              ("algo.kl_estimator", cfg.algo.kl_estimator, algorithms.KL_ESTIMATORS),
-                              ("rollout.engine", cfg.rollout.engine, ENGINES),
-                              ("train.backend", cfg.train.backend, BACKENDS)):
-        if value not in names:
-            out.append(Problem(key, value, "Not a registered name.",
-                               "use one of: " + ", ".join(names) + "." + did_you_mean(value, list(names))))
-    return out
-
-
-def _check_task(task: TaskConfig) -> list[Problem]:
-    from mmgpg.task import TaskNotFound, find_task_class, options_problems
-
-    try:
-        cls = find_task_class(task.name)
-    except TaskNotFound as err:
-        return [Problem("task.name", task.name, err.why, err.fix)]
-    return options_problems(cls, task.options)
-
-
-# --------------------------------------------------------------------------------------------------------------------
 # YAML output
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -754,7 +433,7 @@ def to_yaml(cfg: Config, with_docs: bool = False) -> str:
 
     def emit(obj: Any, indent: int) -> None:
         pad = "  " * indent
-        open_key = _OPEN_SECTIONS.get(type(obj))
+        open_key = open_field(type(obj))
         docs = field_docs(type(obj))
         option_docs = _task_option_docs(obj.name) if isinstance(obj, TaskConfig) and with_docs else {}
         for f in dataclasses.fields(obj):
@@ -777,8 +456,6 @@ def to_yaml(cfg: Config, with_docs: bool = False) -> str:
 
 
 def _task_option_docs(name: str) -> dict[str, str]:
-    from mmgpg.task import TaskNotFound, find_task_class
-
     try:
         cls = find_task_class(name)
     except TaskNotFound:

@@ -59,7 +59,8 @@ def model_shape(path: str) -> ModelShape:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from mmgpg.policy import SUPPORTED_MODEL_TYPES, resolve_model_path
+    from mmgpg.modelload import resolve_model_path
+    from mmgpg.policy import SUPPORTED_MODEL_TYPES
     from mmgpg.tiny import count_parameters
 
     path = resolve_model_path(path)
@@ -192,7 +193,7 @@ def activation_bytes(tokens: int, layers: int, per_token_layer: int, per_token_c
 
 
 def logprob_bytes(chunk: int, vocab: int, hidden: int, weight_bytes: int, scored_tokens: int, act_bytes: int) -> int:
-    """mmgpg/policy.py ``chunked_token_logprobs``: three fp32 ``[chunk, V]`` blocks (logits, their softmax terms,
+    """mmgpg/logprobs.py ``chunked_token_logprobs``: three fp32 ``[chunk, V]`` blocks (logits, their softmax terms,
     the gradient block), the ``[V, H]`` gradient buffer of the output embedding (``torch.zeros_like(weight)``) and
     the ``[K, H]`` hidden states of the scored positions saved for backward."""
     return 3 * 4 * chunk * vocab + weight_bytes * vocab * hidden + act_bytes * scored_tokens * hidden

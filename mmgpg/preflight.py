@@ -40,7 +40,7 @@ def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
         findings.append(Finding("data", "error", f"{type(err).__name__}: {err}"))
         return findings
     try:
-        from mmgpg.policy import load_policy_for
+        from mmgpg.modelload import load_policy_for
 
         policy = load_policy_for(cfg.model, "meta")
         policy.max_prompt_length = None  # measure every prompt here; the limit is compared below
@@ -55,16 +55,16 @@ def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
                                     + (": too long — lower model.max_pixels or raise max_prompt_length" if over else "")))
     except Exception as err:  # noqa: BLE001
         findings.append(Finding("prompts", "error", f"{type(err).__name__}: {err}"))
-    gold_fn = getattr(task, "gold_completion", None)
+    has_gold = task.overrides("gold_completion")
     probes = dict(PROBES)
     for ex in items[:2]:
         answers = dict(probes)
-        if callable(gold_fn):
-            answers["gold"] = gold_fn(ex)
+        if has_gold:
+            answers["gold"] = task.gold_completion(ex)
         else:
             findings.append(Finding("gold", "warn", "the task has no gold_completion(example): SFT and this probe "
                                                     "cannot use gold answers"))
-        protocols = getattr(task, "protocols", ("paper",)) if callable(getattr(task, "judge", None)) else ("paper",)
+        protocols = task.protocols if task.overrides("judge") else ("paper",)
         for label, text in answers.items():
             for protocol in protocols:
                 try:

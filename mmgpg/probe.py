@@ -66,7 +66,7 @@ def probe(cfg, source: str, *, split: str, samples: int, limit: int | None, succ
           batch_prompts: int = 4, chunk: int = 16) -> list[dict]:
     """Load the policy ``source`` and probe the first ``limit`` prompts of ``split`` (:func:`probe_prompts`) with
     ``cfg.rollout``'s sampling settings."""
-    from mmgpg.policy import load_policy_for
+    from mmgpg.modelload import load_policy_for
     from mmgpg.rollout import build_engine
     from mmgpg.task import build_task, first_items
     from mmgpg.utils import resolve_device
@@ -84,7 +84,7 @@ def probe(cfg, source: str, *, split: str, samples: int, limit: int | None, succ
 
 
 def check_success(task, success_threshold: float | None) -> None:
-    if getattr(task, "success", None) is None and success_threshold is None:
+    if not task.overrides("success") and success_threshold is None:
         raise ValueError(f"task {task.name!r} declares no binary success (no success method); pass "
                          "--success-threshold T to count completions with total reward >= T as successes")
 

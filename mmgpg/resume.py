@@ -129,7 +129,7 @@ def check_config_changes(changes: dict[str, tuple[Any, Any]], *, checkpoint: Pat
     """Split ``changes`` into ``(run control, other)``; raise :class:`~mmgpg.config.ConfigError` listing the others
     unless ``apply``. ``train.max_steps`` is run control only under a constant learning rate (otherwise the schedule's
     length changes)."""
-    from mmgpg.config import ConfigError, Problem
+    from mmgpg.schema import ConfigError, Problem
 
     run_control = RUN_CONTROL if command == "train" else SFT_RUN_CONTROL
     steps = f"{command}.max_steps"

@@ -28,7 +28,9 @@ import torch
 from mmgpg import algorithms, distributed, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Config, Resolved, save_config
-from mmgpg.policy import CompletionBatch, Policy, gather_prompts, load_policy_for, pad_completions
+from mmgpg.modelload import load_policy_for
+from mmgpg.policy import CompletionBatch, Policy, gather_prompts, pad_completions
+from mmgpg.progress import TrainProgress as _Progress
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
 from mmgpg.stream import PromptStream
 from mmgpg.task import SkipBadRows, build_task, first_items
@@ -105,6 +107,9 @@ class Trainer:
             self.reference.model = self.backend.partition_reference(self.reference.model)
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
         self.sampling = Sampling.from_config(cfg.rollout)
+        a = cfg.algo  # the algorithm's functions with their hyper-parameters bound once
+        self.advantage_fn = algorithms.bind(algorithms.ADVANTAGES[a.advantage], std_eps=a.std_eps)
+        self.token_loss_fn = algorithms.bind(algorithms.TOKEN_LOSSES[a.token_loss], clip_eps=a.clip_eps)
         if checkpoint is not None:
             self._resume(checkpoint)
         if self.dist.is_main:
@@ -118,7 +123,7 @@ class Trainer:
     # ---- set-up helpers -------------------------------------------------------------------------------------------
 
     def _check_layout(self) -> None:
-        from mmgpg.config import ConfigError, Problem
+        from mmgpg.schema import ConfigError, Problem
 
         cfg, world = self.cfg, self.dist.world_size
         problems = []
@@ -176,7 +181,7 @@ class Trainer:
         a, G = self.cfg.algo, self.cfg.rollout.group_size
         if groups:
             rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
-            for g, adv in zip(groups, algorithms.ADVANTAGES[a.advantage](rewards, a.std_eps).tolist()):
+            for g, adv in zip(groups, self.advantage_fn(rewards).tolist()):
                 g.advantages = adv
         total = distributed.sum_counts({"num_samples": len(groups) * G,
                                         "num_zero_variance": sum(G for g in groups if g.zero_variance),
@@ -210,27 +215,21 @@ class Trainer:
         """The forwarded groups (zero-variance ones only when a KL term needs them) as micro-batches of
         ``train.micro_batch_prompts`` prompt groups, each with its advantages ``[rows]`` and its weight (1).
 
-        When the backend runs collectives inside forward/backward (``equal_micro_batches``: DeepSpeed ZeRO), a rank
-        with fewer micro-batches than the busiest rank appends copies of one of its groups with weight 0: they run the
-        same forwards and backwards and add exactly zero to the gradient."""
+        With collectives inside forward/backward (``backend.equal_micro_batches``: DeepSpeed), a rank with fewer
+        micro-batches than the busiest one appends copies of one of its groups with weight 0 (they add exactly 0)."""
         forwarded = groups if self.cfg.algo.kl_coef > 0 else [g for g in groups if not g.zero_variance]
         mb = self.cfg.train.micro_batch_prompts
         chunks = [forwarded[i : i + mb] for i in range(0, len(forwarded), mb)]
         micro = [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32), 1.0)
                  for c in chunks]
-        if self.backend.equal_micro_batches and self.dist.enabled:
-            most = int(distributed.all_max(len(micro), self.backend.comm_device))
-            if len(micro) < most:
-                filler = groups[:1]
-                pad = (self._collate(filler), torch.zeros(len(filler) * self.cfg.rollout.group_size), 0.0)
-                micro += [pad] * (most - len(micro))
-        return micro
+        most = distributed.all_max(len(micro), self.backend.comm_device) if self.backend.equal_micro_batches else 0
+        pad = (self._collate(groups[:1]), torch.zeros(self.cfg.rollout.group_size), 0.0) if most > len(micro) else None
+        return micro + [pad] * (int(most) - len(micro)) if pad else micro
 
     def _backward(self, micro, counts: StepCounts, old, ref) -> tuple[float, float]:
         """Backward of this rank's micro-batches (loss = (α · Σ policy + kl_coef · Σ KL) / global denominator), then
         the gradients summed over ranks. Returns this rank's (policy, KL) loss parts."""
         a = self.cfg.algo
-        token_loss = algorithms.TOKEN_LOSSES[a.token_loss]
         alpha = counts.alpha if counts.alpha is not None else 1.0  # B == M: the policy term is 0 anyway
         policy_total = kl_total = 0.0
         self.backend.begin_accumulation(len(micro))
@@ -238,8 +237,8 @@ class Trainer:
             logp = self._logprobs(self.policy, r)
             adv = adv.to(logp.device)
             mask = r.completion_mask.to(logp.device)
-            loss = alpha * algorithms.token_loss_sum(token_loss(logp, adv, old_lp, a.clip_eps), mask,
-                                                     a.aggregation) / counts.denominator
+            per_token = self.token_loss_fn(logp, adv) if old_lp is None else self.token_loss_fn(logp, adv, old_logp=old_lp)
+            loss = alpha * algorithms.token_loss_sum(per_token, mask, a.aggregation) / counts.denominator
             policy_total += float(loss.detach())
             if ref_lp is not None:
                 kl_term = a.kl_coef * algorithms.token_loss_sum(algorithms.KL_ESTIMATORS[a.kl_estimator](logp, ref_lp),
@@ -335,7 +334,7 @@ class Trainer:
         summed = distributed.sum_counts({
             "completions": len(generated) * G, "reward": sum(sum(g.rewards) for g in generated),
             "tokens": sum(g.num_tokens for g in generated),
-            "truncated": sum(not c or c[-1] not in eos for g in generated for c in g.completion_ids),
+            "truncated": sum(sum(g.truncated(eos)) for g in generated),
             **{f"reward/{name}": sum(sum(g.components[name]) for g in generated) for name in names}},
             self.backend.comm_device)
         n = max(summed["completions"], 1.0)
@@ -401,50 +400,40 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy evaluation on ``train.eval_split`` (rank 0 evaluates, every rank gets the numbers)."""
-        with self.backend.generation_context():  # collective under ZeRO-3: every rank enters, rank 0 evaluates
-            metrics = self._evaluate_main()
-        return distributed.broadcast_object(metrics)
-
-    def _evaluate_main(self) -> dict[str, float] | None:
         from mmgpg.evaluate import evaluate, sampled_scores
 
         metrics = None
-        if self.dist.is_main:
-            t, r = self.cfg.train, self.cfg.rollout
-            examples = first_items(self.task.load(t.eval_split), t.eval_limit)
-            # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                scores, _ = evaluate(self.engine, self.task, examples, max_new_tokens=r.max_new_tokens)
-                metrics = {f"eval/{k}": v for k, v in scores.items()}
-                if t.eval_samples:
-                    torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
-                    sampled = sampled_scores(self.engine, self.task, examples, samples=t.eval_samples,
-                                             temperature=r.temperature, max_new_tokens=r.max_new_tokens)
-                    metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
-        return metrics
+        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
+            if self.dist.is_main:
+                t, r = self.cfg.train, self.cfg.rollout
+                examples = first_items(self.task.load(t.eval_split), t.eval_limit)
+                # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
+                with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                    scores, _ = evaluate(self.engine, self.task, examples, max_new_tokens=r.max_new_tokens)
+                    metrics = {f"eval/{k}": v for k, v in scores.items()}
+                    if t.eval_samples:
+                        torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
+                        sampled = sampled_scores(self.engine, self.task, examples, samples=t.eval_samples,
+                                                 temperature=r.temperature, max_new_tokens=r.max_new_tokens)
+                        metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
+        return distributed.broadcast_object(metrics)
 
     def probe(self) -> None:
         """``train.probe_every``: per-prompt success of the current policy on the first ``train.probe_limit``
         training prompts (rank 0; under a forked RNG so the training stream is untouched) → probe_success.jsonl."""
-        from mmgpg.probe import check_success
+        from mmgpg.probe import PROBE_FILE, check_success, probe_prompts, write_probe
 
-        if self.dist.is_main:
-            check_success(self.task, None)
-        with self.backend.generation_context():  # collective under ZeRO-3: every rank enters, rank 0 probes
-            self._probe_main()
+        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
+            if self.dist.is_main:
+                t = self.cfg.train
+                check_success(self.task, None)
+                examples = first_items(self.dataset, t.probe_limit)
+                with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                    torch.manual_seed(self.cfg.seed + 20_000 + self.state.step)
+                    records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, split=t.split,
+                                            samples=t.probe_samples, success_threshold=None)
+                write_probe(self.run_dir / PROBE_FILE, self.state.step, "live", records)
         distributed.barrier()
-
-    def _probe_main(self) -> None:
-        from mmgpg.probe import PROBE_FILE, probe_prompts, write_probe
-
-        if self.dist.is_main:
-            t = self.cfg.train
-            examples = first_items(self.dataset, t.probe_limit)
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                torch.manual_seed(self.cfg.seed + 20_000 + self.state.step)
-                records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, split=t.split,
-                                        samples=t.probe_samples, success_threshold=None)
-            write_probe(self.run_dir / PROBE_FILE, self.state.step, "live", records)
 
     def save(self) -> Path:
         return resume.save_run_state(self.run_dir, self.state.step, self.policy, self.backend, self.stream,
@@ -489,36 +478,3 @@ class Trainer:
             if self.wandb is not None:
                 self.wandb.finish()
         return self.run_dir
-
-
-class _Progress:
-    """A rich progress bar with step, reward, valid fraction, α and s/step (rank 0 only)."""
-
-    def __init__(self, total: int, start: int, enabled: bool):
-        self.bar = None
-        if not enabled:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                            TimeRemainingColumn())
-        self.task = self.bar.add_task("train", total=total, completed=start, info="")
-        self.bar.start()
-
-    def update(self, m: dict[str, Any]) -> None:
-        if self.bar is None:
-            return
-        alpha = "-" if m["gpg/alpha"] is None else f"{m['gpg/alpha']:.2f}"
-        info = (f"reward {m['reward/total']:.3f}  valid {m['gpg/valid_fraction']:.2f}  α {alpha}  "
-                f"{m['time/step']:.2f} s/step")
-        self.bar.update(self.task, completed=m["step"], info=info)
-
-    def note(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.console.print(text)
-        else:
-            print(text, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()

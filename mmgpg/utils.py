@@ -61,10 +61,17 @@ class GracefulStop:
 def resolve_device(name: str) -> torch.device:
     """``auto`` → ``cuda:LOCAL_RANK`` when a GPU exists, else ``cpu``; anything else as torch reads it."""
     if name == "auto":
-        from mmgpg.policy import default_device
+        from mmgpg.modelload import default_device
 
         return default_device()
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} but torch sees no CUDA GPU; use device=cpu or device=auto")
     return device
+
+
+def console():
+    """A rich console; when output is piped (logs, tests) lines are not wrapped at 80 columns."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)

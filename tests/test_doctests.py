@@ -2,9 +2,9 @@
 
 import doctest
 
-import mmgpg.policy
+import mmgpg.logprobs
 
 
-def test_policy_doctests():
-    result = doctest.testmod(mmgpg.policy)
+def test_logprobs_doctests():
+    result = doctest.testmod(mmgpg.logprobs)
     assert result.attempted >= 3 and result.failed == 0

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmgpg.policy import chunked_token_logprobs, completion_mask, group_image_index
+from mmgpg.logprobs import chunked_token_logprobs, completion_mask, group_image_index
 
 
 def test_completion_mask_hand_cases():

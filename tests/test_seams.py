@@ -11,7 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import two_image_conversations
 
-from mmgpg.policy import gather_prompts, load_policy
+from mmgpg.modelload import load_policy
+from mmgpg.policy import gather_prompts
 from mmgpg.rollout.hf import HFEngine
 
 

@@ -1,0 +1,126 @@
+"""Validation of a well-typed :class:`~mmgpg.config.Config`: ranges, relations between keys, registered names and
+the task with its options. Every problem is collected (:class:`~mmgpg.schema.Problem`); the caller raises them once."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from mmgpg.backends import deepspeed_config
+from mmgpg.schema import Problem, did_you_mean
+from mmgpg.task import TaskNotFound, find_task_class, options_problems
+
+if TYPE_CHECKING:
+    from mmgpg.config import Config, TaskConfig
+
+
+def check(cfg: Config) -> list[Problem]:
+    """Every problem with the values of a well-typed config (ranges, relations, the task and its options)."""
+    p: list[Problem] = []
+    m, r = cfg.model, cfg.rollout
+    if m.min_pixels < 1:
+        p.append(Problem("model.min_pixels", m.min_pixels, "Images need a positive area.", "set model.min_pixels=3136."))
+    if m.max_pixels < m.min_pixels:
+        p.append(Problem("model.max_pixels", m.max_pixels, f"It is below model.min_pixels={m.min_pixels}.",
+                         "raise model.max_pixels or lower model.min_pixels."))
+    if m.max_prompt_length < 1:
+        p.append(Problem("model.max_prompt_length", m.max_prompt_length, "Prompts need at least one token.",
+                         "set model.max_prompt_length=1024."))
+    if m.logprob_chunk_size < 1:
+        p.append(Problem("model.logprob_chunk_size", m.logprob_chunk_size, "Chunks need at least one token.",
+                         "set model.logprob_chunk_size=1024."))
+    if r.group_size < 1:
+        p.append(Problem("rollout.group_size", r.group_size, "Each prompt needs at least one completion.",
+                         "set rollout.group_size=8."))
+    if r.max_new_tokens < 1:
+        p.append(Problem("rollout.max_new_tokens", r.max_new_tokens, "Completions need at least one token.",
+                         "set rollout.max_new_tokens=256."))
+    if r.temperature <= 0:
+        p.append(Problem("rollout.temperature", r.temperature,
+                         "Rollouts sample group_size completions per prompt; at temperature 0 (greedy) they are all "
+                         "the same, so every group has zero variance and nothing is learnt.",
+                         "set rollout.temperature=1.0 (evaluation is greedy by itself)."))
+    if not 0 < r.top_p <= 1:
+        p.append(Problem("rollout.top_p", r.top_p, "top_p is a probability mass in (0, 1].", "set rollout.top_p=1.0."))
+    if r.top_k < 0:
+        p.append(Problem("rollout.top_k", r.top_k, "top_k counts tokens (0 disables it).", "set rollout.top_k=0."))
+    a, t = cfg.algo, cfg.train
+    p += _check_registered(cfg)
+    if a.std_eps < 0:
+        p.append(Problem("algo.std_eps", a.std_eps, "It must be >= 0.", "set algo.std_eps=1e-4."))
+    if a.clip_eps <= 0:
+        p.append(Problem("algo.clip_eps", a.clip_eps, "The clip range must be > 0.", "set algo.clip_eps=0.2."))
+    if a.kl_coef < 0:
+        p.append(Problem("algo.kl_coef", a.kl_coef, "A KL weight is >= 0.", "set algo.kl_coef=0 (GPG) or 0.04 (GRPO)."))
+    if not 0 <= a.min_valid_fraction <= 1:
+        p.append(Problem("algo.min_valid_fraction", a.min_valid_fraction, "It is a fraction of samples in [0, 1].",
+                         "set algo.min_valid_fraction=0.4 (0 disables resampling)."))
+    if a.max_resample_attempts < 1:
+        p.append(Problem("algo.max_resample_attempts", a.max_resample_attempts, "At least one rollout is needed.",
+                         "set algo.max_resample_attempts=20."))
+    if a.zero_variance_tol < 0:
+        p.append(Problem("algo.zero_variance_tol", a.zero_variance_tol, "A tolerance is >= 0.",
+                         "set algo.zero_variance_tol=0."))
+    if a.updates_per_batch < 1:
+        p.append(Problem("algo.updates_per_batch", a.updates_per_batch, "At least one update per batch.",
+                         "set algo.updates_per_batch=1."))
+    elif a.updates_per_batch > 1 and a.token_loss == "reinforce":
+        p.append(Problem("algo.updates_per_batch", a.updates_per_batch,
+                         "reinforce has no importance ratio, so a second update on the same samples would be off-policy "
+                         "and uncorrected.", "set algo.token_loss=clipped_ratio, or algo.updates_per_batch=1."))
+    for key, value, low in (("max_steps", t.max_steps, 1), ("prompts_per_step", t.prompts_per_step, 1),
+                            ("micro_batch_prompts", t.micro_batch_prompts, 1), ("keep_last", t.keep_last, 1),
+                            ("warmup_steps", t.warmup_steps, 0), ("save_every", t.save_every, 0),
+                            ("max_nonfinite_steps", t.max_nonfinite_steps, 0), ("probe_every", t.probe_every, 0),
+                            ("probe_samples", t.probe_samples, 1), ("probe_limit", t.probe_limit, 0)):
+        if value < low:
+            p.append(Problem(f"train.{key}", value, f"It must be >= {low}.", f"set train.{key} to an integer >= {low}."))
+    for key, value, low in (("max_steps", cfg.sft.max_steps, 1), ("batch_size", cfg.sft.batch_size, 1),
+                            ("eval_every", cfg.sft.eval_every, 0), ("save_every", cfg.sft.save_every, 0)):
+        if value < low:
+            p.append(Problem(f"sft.{key}", value, f"It must be >= {low}.", f"set sft.{key} to an integer >= {low}."))
+    if cfg.sft.learning_rate <= 0:
+        p.append(Problem("sft.learning_rate", cfg.sft.learning_rate, "It must be > 0.", "set sft.learning_rate=1e-5."))
+    if t.eval_every < 0 or t.eval_limit < 0:
+        p.append(Problem("train.eval_every", (t.eval_every, t.eval_limit), "eval_every and eval_limit are >= 0.",
+                         "set train.eval_every=0 or a positive step count."))
+    if t.learning_rate <= 0:
+        p.append(Problem("train.learning_rate", t.learning_rate, "It must be > 0.", "set train.learning_rate=1e-6."))
+    if t.max_grad_norm < 0:
+        p.append(Problem("train.max_grad_norm", t.max_grad_norm, "It must be >= 0 (0 disables clipping).",
+                         "set train.max_grad_norm=1.0."))
+    if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
+        p.append(Problem("train.adam_betas", t.adam_betas, "AdamW needs two betas in [0, 1).",
+                         "set train.adam_betas=[0.9,0.999]."))
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", cfg.device):
+        p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
+    p += deepspeed_config.check(t)
+    p += _check_task(cfg.task)
+    return p
+
+
+def _check_registered(cfg: Config) -> list[Problem]:
+    """Names that must be keys of a registry (each name list lives once, beside its implementations)."""
+    from mmgpg import algorithms
+    from mmgpg.backends import BACKENDS
+    from mmgpg.rollout.engine import ENGINES
+
+    out = []
+    for key, value, names in (("algo.advantage", cfg.algo.advantage, algorithms.ADVANTAGES),
+                              ("algo.token_loss", cfg.algo.token_loss, algorithms.TOKEN_LOSSES),
+                              ("algo.aggregation", cfg.algo.aggregation, algorithms.AGGREGATIONS),
+                              ("algo.kl_estimator", cfg.algo.kl_estimator, algorithms.KL_ESTIMATORS),
+                              ("rollout.engine", cfg.rollout.engine, ENGINES),
+                              ("train.backend", cfg.train.backend, BACKENDS)):
+        if value not in names:
+            out.append(Problem(key, value, "Not a registered name.",
+                               "use one of: " + ", ".join(names) + "." + did_you_mean(value, list(names))))
+    return out
+
+
+def _check_task(task: TaskConfig) -> list[Problem]:
+    try:
+        cls = find_task_class(task.name)
+    except TaskNotFound as err:
+        return [Problem("task.name", task.name, err.why, err.fix)]
+    return options_problems(cls, task.options)

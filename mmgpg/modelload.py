@@ -1,0 +1,136 @@
+"""Loading a policy: hub ids, local directories and the offline ``tiny`` models (built once, cached), dtypes and
+the default device. The one place ``from_pretrained`` is called for the policy (never ``trust_remote_code``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmgpg.policy import SUPPORTED_MODEL_TYPES, TINY_PREFIX, Policy
+
+
+def cache_dir() -> Path:
+    """Where mmgpg keeps models it builds itself (``$MMGPG_CACHE`` or ``~/.cache/mmgpg``)."""
+    return Path(os.environ.get("MMGPG_CACHE", Path.home() / ".cache" / "mmgpg"))
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Map ``tiny`` / ``tiny:qwen2_5_vl`` to an offline-built model directory (built once, then cached).
+
+    Any other value is returned unchanged: a local directory or a Hugging Face hub id.
+    """
+    if name_or_path != TINY_PREFIX and not name_or_path.startswith(TINY_PREFIX + ":"):
+        return name_or_path
+    from mmgpg.tiny import FAMILIES
+
+    family = name_or_path.partition(":")[2] or "qwen2_vl"
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny model family {family!r}; use one of: tiny, " + ", ".join(f"tiny:{f}" for f in FAMILIES))
+    target = cache_dir() / f"tiny-{family}-seed0"
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # Only rank 0 builds (transformers' save_pretrained writes weights on rank 0 only); the others wait for it.
+        if dist.get_rank() == 0:
+            _build_tiny(target, family)
+        dist.barrier()
+    else:
+        _build_tiny(target, family)
+    return str(target)
+
+
+def _build_tiny(target: Path, family: str) -> None:
+    from mmgpg.tiny import build_and_save
+
+    if not (target / "model.safetensors").exists():
+        import tempfile
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+        build_and_save(tmp, family=family)
+        try:
+            tmp.rename(target)
+        except OSError:  # built concurrently by another process: keep theirs
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
+    """``auto`` is bfloat16 on a GPU that supports it and float32 otherwise."""
+    if name == "auto":
+        dev = torch.device(device)
+        if dev.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if name not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16; got {name!r}")
+    return getattr(torch, name)
+
+
+def default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def load_policy(
+    name_or_path: str,
+    *,
+    dtype: str = "auto",
+    min_pixels: int = 3136,
+    max_pixels: int = 401408,
+    attn_implementation: str | None = "sdpa",
+    device: torch.device | str | None = None,
+    max_prompt_length: int | None = None,
+) -> Policy:
+    """Load a Qwen2-VL / Qwen2.5-VL policy from a hub id or a local directory (never ``trust_remote_code``).
+
+    ``name_or_path`` may also be ``tiny`` or ``tiny:qwen2_5_vl`` for a model built offline (:mod:`mmgpg.tiny`).
+    ``device="meta"`` builds the model without reading its weights (for checks that need only shapes and the
+    processor, such as ``mmgpg check``).
+    """
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    from mmgpg.checkpoint import check_model_source
+
+    path = resolve_model_path(name_or_path)
+    local = check_model_source(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        if local:
+            raise ValueError(f"model directory {path!r}: its config.json cannot be used ({str(err)[:300]})") from None
+        raise OSError(
+            f"could not load model {name_or_path!r}: it is not a local directory and the Hugging Face hub did not "
+            f"provide it ({err}). Offline, download it elsewhere and pass the directory, or use model=tiny."
+        ) from err
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{name_or_path!r} is a {config.model_type!r} model; mmgpg supports {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    device = torch.device(device) if device is not None else default_device()
+    kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, device)}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if device.type == "meta":  # shapes only, no weights read (pre-flight checks: prompts and processor)
+        with torch.device("meta"):
+            model = AutoModelForImageTextToText.from_config(config, **kwargs)
+    else:
+        model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
+    processor = AutoProcessor.from_pretrained(path)
+    return Policy(model, processor, min_pixels=min_pixels, max_pixels=max_pixels, max_prompt_length=max_prompt_length)
+
+
+def load_policy_for(model_cfg, device: torch.device | str, *, source: str | None = None,
+                    dtype: str | None = None) -> Policy:
+    """:func:`load_policy` with the settings of a :class:`mmgpg.config.ModelConfig` (the one mapping of its fields).
+
+    ``source`` replaces ``model_cfg.name_or_path`` (a checkpoint to evaluate or resume) and ``dtype`` its dtype.
+    """
+    return load_policy(source or model_cfg.name_or_path, dtype=dtype or model_cfg.dtype, min_pixels=model_cfg.min_pixels,
+                       max_pixels=model_cfg.max_pixels, attn_implementation=model_cfg.attn_implementation,
+                       device=device, max_prompt_length=model_cfg.max_prompt_length)
