@@ -202,3 +202,75 @@ def test_zero3_checkpoint_policy_loads_in_transformers_and_answers_like_the_live
     assert torch.equal(batch.completion_mask, live["mask"])
     assert torch.equal(batch.completion_ids.masked_fill(~batch.completion_mask, 0),
                        live["ids"].masked_fill(~live["mask"], 0))
+
+
+# ---- end to end under torchrun: kill -9 after a checkpoint, resume, same run ---------------------------------------
+
+FIXTURES = Path(__file__).with_name("fixture_tasks.py")
+DS_TRAIN = ["train", f"task={FIXTURES}:ParityShapes", "model=tiny", "rollout.group_size=4", "rollout.max_new_tokens=12",
+            "train.prompts_per_step=4", "train.micro_batch_prompts=1", "train.learning_rate=1e-3",
+            "train.progress=false", "train.tensorboard=false", "train.max_steps=4", "train.save_every=1",
+            "train.keep_last=10", "algo.min_valid_fraction=0.5", "algo.max_resample_attempts=3",
+            "train.backend=deepspeed", "train.zero_stage=3"]
+
+
+def _torchrun(*args: str, nproc: int = 2):
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           "-m", "mmgpg", *args]
+    return cmd, {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _comparable(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/"))} for m in rows]
+
+
+@needs_deepspeed
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_zero3_torchrun_resume_after_sigkill_is_exact(tmp_path):
+    import signal
+    import subprocess
+    import time
+
+    from safetensors.torch import load_file
+
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    cmd, env = _torchrun(*DS_TRAIN, f"output_dir={straight}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+    cmd, env = _torchrun(*DS_TRAIN, f"output_dir={killed}")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    deadline = time.time() + 600
+    while not (killed / "checkpoints" / "step-00000002" / "COMPLETE").exists():
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its second checkpoint"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks, at once
+    proc.wait()
+    assert not (killed / "checkpoints" / "step-00000004").exists()
+
+    cmd, env = _torchrun(*DS_TRAIN, f"output_dir={killed}", "train.resume=true")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    ma, mb = _comparable(straight), _comparable(killed)
+    assert [m["step"] for m in mb] == [1, 2, 3, 4]
+    for x, y in zip(ma, mb):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-6), (x["step"], k)
+    assert any(m["grad_norm"] > 0 for m in ma), "the run must actually update the policy"
+    final = "checkpoints/step-00000004/policy/model.safetensors"
+    a, b = load_file(straight / final), load_file(killed / final)
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0)
+
+    # Resuming on another number of ranks is refused with a message that says what to do.
+    cmd, env = _torchrun(*DS_TRAIN, "train.max_steps=5", f"output_dir={killed}", "train.resume=true",
+                         "train.resume_config=new", nproc=1)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode != 0
+    assert "written by 2 rank(s)" in proc.stderr and "resume with 2 rank(s)" in proc.stderr, proc.stderr[-3000:]
