@@ -49,6 +49,8 @@ class DeepSpeedBackend:
         t = config.train
         device = resolve_device(config.device)
         self.dist = distributed.setup(device.type)
+        if not torch.distributed.is_initialized():  # one process: DeepSpeed still needs a process group (of one)
+            _init_single_process_group("nccl" if device.type == "cuda" else "gloo")
         if device.type == "cuda" and self.dist.enabled:
             device = torch.device("cuda", self.dist.local_rank)
             torch.cuda.set_device(device)
@@ -231,6 +233,19 @@ class DeepSpeedBackend:
                 f"(torchrun --nproc_per_node ... totalling {world}) and train.zero_stage={stage}, or start a new run "
                 "from the checkpoint's policy/ (model.name_or_path=<checkpoint>/policy; the optimizer starts afresh)")
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _init_single_process_group(backend: str) -> None:
+    """A process group of one on a free local port (``mmgpg train`` or ``mmgpg sft`` without torchrun)."""
+    import os
+    import socket
+
+    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's launcher check
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
 @contextlib.contextmanager
