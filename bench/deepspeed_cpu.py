@@ -4,7 +4,7 @@ vs ZeRO-3, and HF ``generate`` under ZeRO-3 with and without the gather-once gen
 Each configuration runs in fresh processes (``torch.multiprocessing.spawn``, 2 ranks, 1 thread each):
 
 * **train**: ``mmgpg train``'s Trainer on ``task=shapes``, ``model=tiny`` (G=4, 12 new tokens, 4 prompts per step,
-  one prompt per micro-batch); ``--steps`` steps; the step time is the median over steps 2.. (step 1 includes the
+  one prompt per micro-batch, one rollout attempt per step); ``--steps`` steps; the step time is the median over steps 2.. (step 1 includes the
   first trace of ZeRO-3); peak RSS is ``ru_maxrss`` of each rank at the end (it includes importing DeepSpeed).
 * **generate** (ZeRO-3 only): greedy ``model.generate`` of ``--prompts`` prompts for exactly ``--new-tokens``
   tokens, timed twice per way after one warm-up: (a) inside ``backend.generation_context()`` (one all-gather of
@@ -33,7 +33,7 @@ from pathlib import Path
 
 ARGS = ["task=shapes", "model=tiny", "model.dtype=float32", "rollout.group_size=4", "rollout.max_new_tokens=12",
         "train.prompts_per_step=4", "train.micro_batch_prompts=1", "train.learning_rate=1e-3", "train.progress=false",
-        "train.tensorboard=false", "train.save_every=0"]
+        "train.tensorboard=false", "train.save_every=0", "algo.max_resample_attempts=1"]
 SETUPS = {"plain": ["train.backend=plain"],
           "ZeRO-2": ["train.backend=deepspeed", "train.zero_stage=2"],
           "ZeRO-3": ["train.backend=deepspeed", "train.zero_stage=3"]}

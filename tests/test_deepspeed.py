@@ -26,6 +26,7 @@ from gradient_reference import (
     reference_gradient,
     relative_error,
     trainer_gradient,
+    zscore_advantages,
 )
 
 from mmgpg.backends import deepspeed_config
@@ -57,16 +58,74 @@ def ds_init(rank: int, world: int, init_file: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
 
 
-def _gradient_worker(rank: int, world: int, init_file: str, model_dir: str, out: str, stage: int) -> None:
+def _gradient_worker(rank: int, world: int, init_file: str, model_dir: str, out: str, stage: int, algo: str) -> None:
     ds_init(rank, world, init_file)
     try:
-        trainer = make_trainer(model_dir, f"{out}/ds", "gpg", "train.backend=deepspeed", f"train.zero_stage={stage}")
+        trainer = make_trainer(model_dir, f"{out}/ds", algo, "train.backend=deepspeed", f"train.zero_stage={stage}")
         groups = make_groups(trainer, [2 * rank, 2 * rank + 1])
         counts = trainer.advantages(groups)
         micro = trainer._micro_batches(groups)
         trainer.compute_gradients(groups, counts)
         grads = trainer.backend.full_gradients()  # collective under ZeRO-3
-        torch.save({"grad": grads, "micro": [w for _, _, w in micro], "alpha": counts.alpha}, f"{out}/rank{rank}.pt")
+        reference_partitioned = trainer.reference is not None and all(
+            getattr(p, "ds_numel", None) is not None and p.numel() == 0 for p in trainer.reference.model.parameters())
+        torch.save({"grad": grads, "micro": [w for _, _, w in micro], "alpha": counts.alpha,
+                    "reference_partitioned": reference_partitioned}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_deepspeed
+@pytest.mark.distributed
+@pytest.mark.parametrize(("stage", "algo"), [(2, "gpg"), (3, "gpg"), (3, "grpo")])
+def test_zero_gradient_equals_plain_and_reference(tiny_dirs, tmp_path, stage, algo):
+    """GRPO (kl_coef = 0.04) adds the reference model, partitioned under ZeRO-3, and forwards the zero-variance group
+    too (its KL term); the k3 KL gradient vanishes at the reference weights, so the reference gradient has the same
+    form with z-scored advantages and α = 1."""
+    model_dir = str(tiny_dirs["qwen2_vl"])
+    spawn(_gradient_worker, (2, str(tmp_path / "init"), model_dir, str(tmp_path), stage, algo))
+    rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    if algo == "gpg":
+        # The uneven split: rank 1 forwards one informative group and pads with one zero-weight micro-batch.
+        assert rank0["micro"] == [1.0, 1.0] and rank1["micro"] == [1.0, 0.0]
+        assert rank0["alpha"] == rank1["alpha"] == ALPHA
+    else:
+        assert rank0["micro"] == rank1["micro"] == [1.0, 1.0] and rank0["alpha"] == 1.0
+        assert rank0["reference_partitioned"] and rank1["reference_partitioned"]
+    for k in rank0["grad"]:
+        assert torch.equal(rank0["grad"][k], rank1["grad"][k]), f"ranks hold different gradients at {k}"
+
+    single = make_trainer(model_dir, str(tmp_path / "single"), algo)  # the plain backend, one process
+    groups = make_groups(single, [0, 1, 2, 3])
+    plain = trainer_gradient(single, groups)
+    assert relative_error(rank0["grad"], plain) < TOL
+    if algo == "gpg":
+        want = reference_gradient(single, groups, [gpg_advantages(g.rewards) for g in groups], alpha=ALPHA,
+                                  aggregation="seq_mean_token_mean")
+    else:
+        want = reference_gradient(single, groups, [zscore_advantages(g.rewards) for g in groups], alpha=1.0,
+                                  aggregation="seq_mean_token_mean")
+    assert relative_error(rank0["grad"], want) < TOL
+
+
+def _nonfinite_worker(rank: int, world: int, init_file: str, model_dir: str, out: str, stage: int) -> None:
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    ds_init(rank, world, init_file)
+    try:
+        trainer = make_trainer(model_dir, f"{out}/ds", "gpg", "train.backend=deepspeed", f"train.zero_stage={stage}",
+                               "train.lr_scheduler=linear", "train.max_steps=4")
+        params = list(trainer.policy.model.parameters())
+        before = [safe_get_full_fp32_param(p).clone() for p in params]
+        groups = make_groups(trainer, [2 * rank, 2 * rank + 1])
+        counts = trainer.advantages(groups)
+        if rank == 0:
+            groups[0].advantages[0] = float("nan")  # a NaN loss on one rank only
+        stats = trainer.update(groups, counts)
+        after = [safe_get_full_fp32_param(p).clone() for p in params]
+        torch.save({"grad_norm": stats["grad_norm"], "nonfinite": trainer.state.nonfinite_steps,
+                    "steps": trainer.state.optimizer_steps, "lr": trainer.backend.learning_rate(),
+                    "unchanged": all(torch.equal(a, b) for a, b in zip(before, after))}, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -74,23 +133,16 @@ def _gradient_worker(rank: int, world: int, init_file: str, model_dir: str, out:
 @needs_deepspeed
 @pytest.mark.distributed
 @pytest.mark.parametrize("stage", [2, 3])
-def test_zero_gradient_equals_plain_and_reference(tiny_dirs, tmp_path, stage):
-    model_dir = str(tiny_dirs["qwen2_vl"])
-    spawn(_gradient_worker, (2, str(tmp_path / "init"), model_dir, str(tmp_path), stage))
-    rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
-    # The uneven split: rank 1 forwards one informative group and pads with one zero-weight micro-batch.
-    assert rank0["micro"] == [1.0, 1.0] and rank1["micro"] == [1.0, 0.0]
-    assert rank0["alpha"] == rank1["alpha"] == ALPHA
-    for k in rank0["grad"]:
-        assert torch.equal(rank0["grad"][k], rank1["grad"][k]), f"ranks hold different gradients at {k}"
-
-    single = make_trainer(model_dir, str(tmp_path / "single"), "gpg")  # the plain backend, one process
-    groups = make_groups(single, [0, 1, 2, 3])
-    plain = trainer_gradient(single, groups)
-    assert relative_error(rank0["grad"], plain) < TOL
-    want = reference_gradient(single, groups, [gpg_advantages(g.rewards) for g in groups], alpha=ALPHA,
-                              aggregation="seq_mean_token_mean")
-    assert relative_error(rank0["grad"], want) < TOL
+def test_a_nonfinite_step_is_skipped_like_plain(tiny_dirs, tmp_path, stage):
+    """As the plain backend (test_trainer.py): the step is skipped and counted, no weight moves, the schedule
+    advances. ZeRO-2 detects it from the gradient norm itself; ZeRO-3 would apply it, so the backend checks the loss."""
+    spawn(_nonfinite_worker, (2, str(tmp_path / "init"), str(tiny_dirs["qwen2_vl"]), str(tmp_path), stage))
+    for rank in (0, 1):
+        r = torch.load(tmp_path / f"rank{rank}.pt")
+        assert r["grad_norm"] != r["grad_norm"] or r["grad_norm"] == float("inf")
+        assert (r["nonfinite"], r["steps"]) == (1, 0)
+        assert r["unchanged"]
+        assert r["lr"] == pytest.approx(1e-4 * 3 / 4)
 
 
 # ---- configuration -----------------------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ class DeepSpeedBackend:
         self.scheduler: Any = None
         self.settings: OptimizerSettings | None = None
         self._remaining = 0
+        self._nonfinite_loss = False
         self._last_norm = 0.0
 
     @property
@@ -137,12 +138,14 @@ class DeepSpeedBackend:
 
     def begin_accumulation(self, micro_batches: int) -> None:
         self._remaining = micro_batches
+        self._nonfinite_loss = False
 
     def backward(self, loss: torch.Tensor) -> None:
         if self._remaining < 1:
             raise RuntimeError("DeepSpeedBackend.backward without begin_accumulation(n): the trainer must announce "
                                "how many micro-batches make the step's gradient")
         self._remaining -= 1
+        self._nonfinite_loss |= not bool(torch.isfinite(loss.detach()).all())
         self.engine.set_gradient_accumulation_boundary(self._remaining == 0)
         # What engine.forward does first (mmgpg calls the module's parts itself, not the engine): a new micro-step.
         # ZeRO-3 counts micro-steps here, and accumulates into the partitioned gradient only after the first one.
@@ -168,6 +171,12 @@ class DeepSpeedBackend:
         return out
 
     def step(self) -> StepResult:
+        # ZeRO-1/2 skip a step whose gradient norm is NaN/Inf themselves; ZeRO-0/3 in float32 or bf16 would apply it.
+        # A non-finite loss on any rank (the usual source) skips the step here: gradients dropped, weights unchanged.
+        if self.zero_stage in (0, 3) and distributed.all_max(float(self._nonfinite_loss), self.comm_device) > 0:
+            self.engine.optimizer.zero_grad(set_to_none=True)  # ZeRO-3: also restarts its micro-step count
+            self.advance_schedule()
+            return StepResult(float("nan"), False)
         with _quiet():
             self.engine.step()
         norm = self.engine.get_global_grad_norm()
