@@ -149,7 +149,19 @@ class TrainConfig:
     max_steps: int = 100
     """Optimizer steps (a step skipped because no group had signal still counts)."""
     backend: str = "plain"
-    """Training backend: plain = a full model copy per process, AdamW, gradients summed over ranks by all-reduce."""
+    """Training backend: plain = a full model copy per process, AdamW, gradients summed over ranks by all-reduce;
+    deepspeed = DeepSpeed ZeRO (train.zero_stage), the same update as plain (needs `pip install 'mmgpg[deepspeed]'`)."""
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage (train.backend=deepspeed): 0 = data parallel, 1 = optimizer state partitioned over ranks,
+    2 = and gradients, 3 = and parameters (gathered layer by layer in every forward)."""
+    offload_optimizer: bool = False
+    """DeepSpeed: keep the optimizer state and step on the CPU (ZeRO stage 1-3; DeepSpeed's CPU Adam, built with g++)."""
+    offload_params: bool = False
+    """DeepSpeed ZeRO stage 3 only: keep the partitioned parameters in CPU memory between uses."""
+    deepspeed_config: str | None = None
+    """Optional DeepSpeed JSON merged into what mmgpg derives (ZeRO bucket sizes, communication options, ...); a key
+    that mmgpg sets from its own config (stage, offload, clipping, bf16, batch sizes, optimizer) must agree or be
+    "auto"."""
     prompts_per_step: int = 8
     """Prompt groups in one optimizer step, over all ranks (must be divisible by the number of ranks)."""
     micro_batch_prompts: int = 2

@@ -103,6 +103,8 @@ class Trainer:
             else:  # transformers 5.19
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.backend.prepare(model, self._optimizer_settings())
+        if self.reference is not None and hasattr(self.backend, "partition_reference"):  # ZeRO-3: partitioned too
+            self.reference.model = self.backend.partition_reference(self.reference.model)
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
         self.sampling = Sampling.from_config(cfg.rollout)
         a = cfg.algo  # the algorithm's functions with their hyper-parameters bound once
@@ -161,8 +163,9 @@ class Trainer:
         """Sample until the update's valid fraction reaches β_th (or the attempt cap)
         (:func:`mmgpg.rollout.collect_groups`)."""
         a = self.cfg.algo
-        return collect_groups(self._sample_groups, self.per_rank, min_valid_fraction=a.min_valid_fraction,
-                              max_attempts=a.max_resample_attempts, comm_device=self.backend.comm_device)
+        with self.backend.generation_context():  # ZeRO-3: the weights gathered once for the whole rollout
+            return collect_groups(self._sample_groups, self.per_rank, min_valid_fraction=a.min_valid_fraction,
+                                  max_attempts=a.max_resample_attempts, comm_device=self.backend.comm_device)
 
     def _sample_groups(self, attempt: int) -> list[Group]:
         """One attempt: the next ``per_rank`` prompts of the stream, ``group_size`` completions each, scored."""
@@ -208,14 +211,20 @@ class Trainer:
             return policy.completion_logprobs(rollout, chunk_size=m.logprob_chunk_size, temperature=r.temperature,
                                               encode_images_once=m.encode_images_once)
 
-    def _micro_batches(self, groups: list[Group]) -> list[tuple[CompletionBatch, torch.Tensor]]:
+    def _micro_batches(self, groups: list[Group]) -> list[tuple[CompletionBatch, torch.Tensor, float]]:
         """The forwarded groups (zero-variance ones only when a KL term needs them) as micro-batches of
-        ``train.micro_batch_prompts`` prompt groups, each with its advantages ``[rows]``."""
+        ``train.micro_batch_prompts`` prompt groups, each with its advantages ``[rows]`` and its weight (1).
+
+        With collectives inside forward/backward (``backend.equal_micro_batches``: DeepSpeed), a rank with fewer
+        micro-batches than the busiest one appends copies of one of its groups with weight 0 (they add exactly 0)."""
         forwarded = groups if self.cfg.algo.kl_coef > 0 else [g for g in groups if not g.zero_variance]
         mb = self.cfg.train.micro_batch_prompts
         chunks = [forwarded[i : i + mb] for i in range(0, len(forwarded), mb)]
-        return [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32))
-                for c in chunks]
+        micro = [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32), 1.0)
+                 for c in chunks]
+        most = distributed.all_max(len(micro), self.backend.comm_device) if self.backend.equal_micro_batches else 0
+        pad = (self._collate(groups[:1]), torch.zeros(self.cfg.rollout.group_size), 0.0) if most > len(micro) else None
+        return micro + [pad] * (int(most) - len(micro)) if pad else micro
 
     def _backward(self, micro, counts: StepCounts, old, ref) -> tuple[float, float]:
         """Backward of this rank's micro-batches (loss = (α · Σ policy + kl_coef · Σ KL) / global denominator), then
@@ -223,7 +232,8 @@ class Trainer:
         a = self.cfg.algo
         alpha = counts.alpha if counts.alpha is not None else 1.0  # B == M: the policy term is 0 anyway
         policy_total = kl_total = 0.0
-        for (r, adv), old_lp, ref_lp in zip(micro, old, ref):
+        self.backend.begin_accumulation(len(micro))
+        for (r, adv, weight), old_lp, ref_lp in zip(micro, old, ref):
             logp = self._logprobs(self.policy, r)
             adv = adv.to(logp.device)
             mask = r.completion_mask.to(logp.device)
@@ -235,7 +245,7 @@ class Trainer:
                                                                 mask, a.aggregation) / counts.denominator
                 loss = loss + kl_term
                 kl_total += float(kl_term.detach())
-            self.backend.backward(loss)
+            self.backend.backward(loss * weight if weight != 1.0 else loss)
         self.backend.reduce_gradients()
         return policy_total, kl_total
 
@@ -245,10 +255,10 @@ class Trainer:
         old, ref = [None] * n, [None] * n
         with torch.no_grad():
             if self.cfg.algo.updates_per_batch > 1:
-                old = [self._logprobs(self.policy, r) for r, _ in micro]
+                old = [self._logprobs(self.policy, r) for r, _, _ in micro]
             if self.reference is not None:
                 with lora.adapter_disabled(self.reference):  # LoRA: the base model inside the policy
-                    ref = [self._logprobs(self.reference, r) for r, _ in micro]
+                    ref = [self._logprobs(self.reference, r) for r, _, _ in micro]
         return old, ref
 
     def compute_gradients(self, groups: list[Group], counts: StepCounts) -> tuple[float, float]:
@@ -368,18 +378,19 @@ class Trainer:
         from mmgpg.evaluate import evaluate, sampled_scores
 
         metrics = None
-        if self.dist.is_main:
-            t, r = self.cfg.train, self.cfg.rollout
-            examples = first_items(self.task.load(t.eval_split), t.eval_limit)
-            # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                scores, _ = evaluate(self.engine, self.task, examples, max_new_tokens=r.max_new_tokens)
-                metrics = {f"eval/{k}": v for k, v in scores.items()}
-                if t.eval_samples:
-                    torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
-                    sampled = sampled_scores(self.engine, self.task, examples, samples=t.eval_samples,
-                                             temperature=r.temperature, max_new_tokens=r.max_new_tokens)
-                    metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
+        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
+            if self.dist.is_main:
+                t, r = self.cfg.train, self.cfg.rollout
+                examples = first_items(self.task.load(t.eval_split), t.eval_limit)
+                # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
+                with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                    scores, _ = evaluate(self.engine, self.task, examples, max_new_tokens=r.max_new_tokens)
+                    metrics = {f"eval/{k}": v for k, v in scores.items()}
+                    if t.eval_samples:
+                        torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
+                        sampled = sampled_scores(self.engine, self.task, examples, samples=t.eval_samples,
+                                                 temperature=r.temperature, max_new_tokens=r.max_new_tokens)
+                        metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
         return distributed.broadcast_object(metrics)
 
     def probe(self) -> None:
@@ -387,15 +398,16 @@ class Trainer:
         training prompts (rank 0; under a forked RNG so the training stream is untouched) → probe_success.jsonl."""
         from mmgpg.probe import PROBE_FILE, check_success, probe_prompts, write_probe
 
-        if self.dist.is_main:
-            t = self.cfg.train
-            check_success(self.task, None)
-            examples = first_items(self.dataset, t.probe_limit)
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                torch.manual_seed(self.cfg.seed + 20_000 + self.state.step)
-                records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, split=t.split,
-                                        samples=t.probe_samples, success_threshold=None)
-            write_probe(self.run_dir / PROBE_FILE, self.state.step, "live", records)
+        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
+            if self.dist.is_main:
+                t = self.cfg.train
+                check_success(self.task, None)
+                examples = first_items(self.dataset, t.probe_limit)
+                with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                    torch.manual_seed(self.cfg.seed + 20_000 + self.state.step)
+                    records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, split=t.split,
+                                            samples=t.probe_samples, success_threshold=None)
+                write_probe(self.run_dir / PROBE_FILE, self.state.step, "live", records)
         distributed.barrier()
 
     def save(self) -> Path:
