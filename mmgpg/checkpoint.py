@@ -4,6 +4,7 @@ Layout of ``<output_dir>/checkpoints/step-00000010/``::
 
     policy/                    # model.save_pretrained + processor.save_pretrained: loads in plain transformers / vLLM
     trainer_state.pt           # optimizer, scheduler, step, data stream, counters (rank 0)
+    engine/                    # train.backend=deepspeed only: DeepSpeed's save_checkpoint (partitioned optimizer state)
     rng_rank{R}.pt             # Python, NumPy and torch RNG states of rank R
     COMPLETE                   # written last; a directory without it is never used
 
@@ -101,33 +102,50 @@ def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
     state = _safe_load(checkpoint / "trainer_state.pt", mmap=True)
     if not isinstance(state, dict) or not {"optimizer", "scheduler", "stream", "counters"} <= set(state):
         raise CheckpointError("trainer_state.pt lacks the optimizer, scheduler, stream or counters")
+    if "deepspeed" in state and not (checkpoint / "engine").is_dir():
+        raise CheckpointError("engine/ (DeepSpeed's optimizer state) is missing")
     for rank in range(meta["world_size"]):
         rng = _safe_load(checkpoint / f"rng_rank{rank}.pt")
         if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
             raise CheckpointError(f"rng_rank{rank}.pt is not an RNG state")
     verify_policy_dir(checkpoint / "policy")
+    if (checkpoint / "adapter").exists():  # a LoRA run (mmgpg.lora.ADAPTER_DIR)
+        verify_adapter_dir(checkpoint / "adapter")
     return meta
+
+
+def verify_adapter_dir(adapter: Path) -> None:
+    """A PEFT adapter folder (a LoRA run's ``adapter/``): ``adapter_config.json`` parses, the weights are whole."""
+    try:
+        json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{adapter.name}/adapter_config.json is unreadable ({err})") from None
+    _check_safetensors(adapter, adapter.glob("adapter_model.safetensors"))
 
 
 def verify_policy_dir(policy: Path) -> None:
     """A Hugging Face model directory whose ``config.json`` parses and whose safetensors files are whole."""
-    from safetensors import safe_open
-
     if not policy.is_dir():
         raise CheckpointError(f"{policy.name}/ is missing")
     try:
         json.loads((policy / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise CheckpointError(f"{policy.name}/config.json is unreadable ({err})") from None
-    weights = sorted(policy.glob("*.safetensors"))
+    _check_safetensors(policy, policy.glob("*.safetensors"))
+
+
+def _check_safetensors(folder: Path, paths) -> None:
+    from safetensors import safe_open
+
+    weights = sorted(paths)
     if not weights:
-        raise CheckpointError(f"{policy.name}/ holds no *.safetensors weights")
+        raise CheckpointError(f"{folder.name}/ holds no *.safetensors weights")
     for path in weights:
         try:  # safe_open parses the header and checks that the data it describes covers the file exactly
             with safe_open(str(path), framework="pt"):
                 pass
         except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
-            raise CheckpointError(f"{policy.name}/{path.name} is damaged ({str(err).splitlines()[0][:200]})") from None
+            raise CheckpointError(f"{folder.name}/{path.name} is damaged ({str(err).splitlines()[0][:200]})") from None
 
 
 def check_model_source(path: str) -> bool:
@@ -187,11 +205,17 @@ def remove_checkpoint(path: Path) -> None:
 
 
 def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: dict[str, Any], keep_last: int,
-                    extra_files: dict[str, str] | None = None) -> Path:
+                    extra_files: dict[str, str] | None = None, backend=None) -> Path:
     """Write checkpoint ``step`` (collective: every rank calls it) and prune to the newest ``keep_last``.
 
-    ``extra_files`` (name → text) are written beside the state by rank 0 (the resolved config)."""
+    ``extra_files`` (name → text) are written beside the state by rank 0 (the resolved config). ``backend``
+    (optional) supplies the full weights when the model's own are partitioned (``full_state_dict``, gathered on every
+    rank, written by rank 0) and writes its own state into ``engine/`` (``save_engine_state``, every rank). A LoRA
+    policy is written merged (``policy/``) and as its adapter (``adapter/``)."""
+    from mmgpg.lora import ADAPTER_DIR, is_lora, save_adapter, save_policy
+
     info = distributed.current()
+    full = backend.full_state_dict() if backend is not None else None
     root = checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
@@ -200,12 +224,15 @@ def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: di
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
-            policy.model.save_pretrained(tmp / "policy")
-            policy.processor.save_pretrained(tmp / "policy")
+            save_policy(policy, tmp / "policy", full)  # merged / gathered: loads in plain transformers and vLLM
+            if is_lora(policy):
+                save_adapter(policy, tmp / ADAPTER_DIR)
             torch.save(trainer_state, tmp / "trainer_state.pt")
             for name, text in (extra_files or {}).items():
                 (tmp / name).write_text(text, encoding="utf-8")
         distributed.barrier()
+        if backend is not None:
+            backend.save_engine_state(tmp / "engine")
         torch.save(rng_state(), tmp / f"rng_rank{info.rank}.pt")
         distributed.barrier()
         if info.is_main:

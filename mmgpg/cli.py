@@ -202,7 +202,7 @@ def cmd_demo(args) -> int:
                             gpg_steps=args.gpg_steps, eval_limit=args.eval_limit, eval_every=args.eval_every,
                             prompts_per_step=args.prompts_per_step, algo=args.algo, threads=args.threads,
                             sft_lr=args.sft_lr, gpg_lr=args.lr, lr_scheduler=args.lr_scheduler,
-                            overrides=tuple(args.set))
+                            overrides=tuple(args.set), rl_overrides=tuple(args.rl_set))
     if args.quick:
         settings.sft_steps, settings.gpg_steps, settings.eval_limit, settings.eval_every = 4, 2, 8, 1
         settings.eval_samples = 2
@@ -255,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="RL learning-rate schedule")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for SFT and RL, e.g. --set task.format_reward=false (repeatable)")
+    p.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for the RL stage only, e.g. --rl-set model.lora.rank=8 (repeatable)")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke version (tiny budgets)")
     p.set_defaults(func=cmd_demo)
 

@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 
 from mmgpg.config_checks import check
+from mmgpg.lora import LORA_LANGUAGE_TARGETS
 from mmgpg.schema import (  # noqa: F401  (ConfigError, Problem: re-exported for callers of config)
     ConfigError,
     Problem,
@@ -43,6 +44,28 @@ from mmgpg.task import TaskNotFound, find_task_class
 # --------------------------------------------------------------------------------------------------------------------
 # Schema
 # --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0
+    """LoRA rank r: 0 (the default) trains every weight of the model; r > 0 freezes the model and trains low-rank
+    adapters W + (alpha/r) B A (PEFT) on the layers chosen below, plus model.lora.trainable_modules in full."""
+    alpha: float = 32.0
+    """Adapter scale numerator: the update is (alpha / rank) B A."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input during the training forward. 0 keeps the scored log-probs exactly those of the
+    sampling policy (dropout > 0 makes RL slightly off-policy)."""
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_LANGUAGE_TARGETS))
+    """Linear layers of the language model that get adapters, by their last name (q_proj, k_proj, v_proj, o_proj,
+    gate_proj, up_proj, down_proj: every projection of every decoder layer). The output head is never adapted; train
+    it in full with trainable_modules=[lm_head]."""
+    vision: bool = False
+    """Also put adapters on every linear layer of the vision tower's blocks (attention qkv/proj and MLP)."""
+    merger: bool = False
+    """Also put adapters on the vision-language merger MLP (model.visual.merger)."""
+    trainable_modules: list[str] = field(default_factory=list)
+    """Modules trained in full beside the adapters (PEFT modules_to_save), by name or last name: lm_head, merger..."""
 
 
 @dataclass
@@ -64,6 +87,8 @@ class ModelConfig:
     """Completion tokens scored per chunk; peak log-prob memory is about chunk x vocab x 4 bytes x 3."""
     encode_images_once: bool = True
     """Run the vision tower once per prompt and share the features among its group_size completions when scoring."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (rank 0: off). GRPO's reference is then the model with its adapter switched off."""
 
 
 @dataclass
@@ -148,7 +173,19 @@ class TrainConfig:
     max_steps: int = 100
     """Optimizer steps (a step skipped because no group had signal still counts)."""
     backend: str = "plain"
-    """Training backend: plain = a full model copy per process, AdamW, gradients summed over ranks by all-reduce."""
+    """Training backend: plain = a full model copy per process, AdamW, gradients summed over ranks by all-reduce;
+    deepspeed = DeepSpeed ZeRO (train.zero_stage), the same update as plain (needs `pip install 'mmgpg[deepspeed]'`)."""
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage (train.backend=deepspeed): 0 = data parallel, 1 = optimizer state partitioned over ranks,
+    2 = and gradients, 3 = and parameters (gathered layer by layer in every forward)."""
+    offload_optimizer: bool = False
+    """DeepSpeed: keep the optimizer state and step on the CPU (ZeRO stage 1-3; DeepSpeed's CPU Adam, built with g++)."""
+    offload_params: bool = False
+    """DeepSpeed ZeRO stage 3 only: keep the partitioned parameters in CPU memory between uses."""
+    deepspeed_config: str | None = None
+    """Optional DeepSpeed JSON merged into what mmgpg derives (ZeRO bucket sizes, communication options, ...); a key
+    that mmgpg sets from its own config (stage, offload, clipping, bf16, batch sizes, optimizer) must agree or be
+    "auto"."""
     prompts_per_step: int = 8
     """Prompt groups in one optimizer step, over all ranks (must be divisible by the number of ranks)."""
     micro_batch_prompts: int = 2

@@ -34,6 +34,8 @@ class DemoSettings:
     threads: int = 0
     overrides: tuple[str, ...] = ()
     """Extra KEY=VALUE config overrides applied to both SFT and RL (e.g. task.format_reward=false)."""
+    rl_overrides: tuple[str, ...] = ()
+    """Overrides for the RL stage only (e.g. model.lora.rank=8: LoRA on the SFT-warm-started model)."""
 
 
 def run_demo(s: DemoSettings, console=None) -> dict:
@@ -68,7 +70,7 @@ def run_demo(s: DemoSettings, console=None) -> dict:
         f"train.prompts_per_step={s.prompts_per_step}", f"train.micro_batch_prompts={s.prompts_per_step}",
         f"rollout.group_size={s.group_size}", f"train.learning_rate={s.gpg_lr}", f"train.lr_scheduler={s.lr_scheduler}", f"train.eval_every={s.eval_every}", f"train.eval_samples={s.eval_samples}",
         f"algo.max_resample_attempts={s.max_resample_attempts}", "train.tensorboard=false",
-        f"output_dir={out / 'gpg'}"]))
+        f"output_dir={out / 'gpg'}", *s.rl_overrides]))
     trainer.train()
     t_gpg = time.perf_counter() - t0 - t_sft
 

@@ -134,3 +134,25 @@ def load_policy_for(model_cfg, device: torch.device | str, *, source: str | None
     return load_policy(source or model_cfg.name_or_path, dtype=dtype or model_cfg.dtype, min_pixels=model_cfg.min_pixels,
                        max_pixels=model_cfg.max_pixels, attn_implementation=model_cfg.attn_implementation,
                        device=device, max_prompt_length=model_cfg.max_prompt_length)
+
+
+def load_for_training(model_cfg, device, dtype: str, checkpoint: Path | None = None, *,
+                      policy: Policy | None = None) -> Policy:
+    """The policy ``mmgpg train`` / ``mmgpg sft`` train: without LoRA, ``model.name_or_path`` or the checkpoint's
+    ``policy/``; with LoRA (``model.lora.rank > 0``), always the base model (exact, never a merged copy) with a fresh
+    adapter or the checkpoint's ``adapter/`` (:func:`mmgpg.lora.attach`). ``policy``: a base policy already loaded
+    by the caller (tests), used instead of loading one."""
+    from mmgpg.lora import ADAPTER_DIR, attach, is_lora
+
+    if model_cfg.lora.rank <= 0 or (policy is not None and is_lora(policy)):
+        return policy or load_policy_for(model_cfg, device, source=str(checkpoint / "policy") if checkpoint else None,
+                                         dtype=dtype)
+    adapter = None
+    if checkpoint is not None:
+        adapter = checkpoint / ADAPTER_DIR
+        if not (adapter / "adapter_config.json").is_file():
+            raise ValueError(f"checkpoint {checkpoint} has no LoRA adapter ({ADAPTER_DIR}/), but model.lora.rank="
+                             f"{model_cfg.lora.rank}: it was trained without LoRA. Resume it with model.lora.rank=0.")
+    policy = policy or load_policy_for(model_cfg, device, dtype=dtype)
+    attach(policy, model_cfg.lora, adapter)
+    return policy

@@ -51,11 +51,15 @@ class ModelShape:
     vision_intermediate: int
     patch_size: int
     temporal_patch_size: int
+    lora_rank: int = 0  # model.lora.rank the LoRA counts below were made for (0: full fine-tuning)
+    lora_params: int = 0  # adapter parameters plus trained copies of model.lora.trainable_modules
+    lora_vision: bool = False  # gradients reach the vision tower (adapters or trained modules there)
+    lora_head: bool = False  # the output head is trained (trainable_modules)
 
 
-def model_shape(path: str) -> ModelShape:
+def model_shape(path: str, lora=None) -> ModelShape:
     """Read ``config.json`` of a model directory (or hub id, when the hub is reachable) and count parameters on the
-    meta device."""
+    meta device; with ``lora`` (a :class:`mmgpg.config.LoraConfig` of rank > 0) also what it trains."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
@@ -87,7 +91,16 @@ def model_shape(path: str) -> ModelShape:
     return ModelShape(config.model_type, counts["total"], counts["vision"], largest, text.vocab_size, text.hidden_size,
                       text.intermediate_size, text.num_hidden_layers, text.num_attention_heads,
                       text.num_key_value_heads, head_dim, vision.depth, v_hidden, v_inter, vision.patch_size,
-                      vision.temporal_patch_size)
+                      vision.temporal_patch_size, *_lora_counts(model, lora))
+
+
+def _lora_counts(model, lora) -> tuple[int, int, bool, bool]:
+    if lora is None or lora.rank <= 0:
+        return 0, 0, False, False
+    from mmgpg.lora import count_parameters as count_lora
+
+    c = count_lora(model, lora)
+    return lora.rank, c["adapter"] + c["full"], c["vision"], c["head"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -287,11 +300,15 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
         precision = {"auto": "autocast", "float32": "fp32"}.get(m.dtype, "bf16")
     act = 4 if precision == "fp32" else 2
     weight = 2 if precision == "bf16" else 4
-    trainable = shape.params - (shape.vision_params if t.freeze_vision else 0)
-    states = model_state_bytes(shape.params, trainable, world, backend, zero_stage, offload, precision)
+    lora = m.lora.rank > 0  # LoRA: gradients and AdamW state for the adapters only, the reference is the adapter off
+    if lora and shape.lora_rank != m.lora.rank:
+        raise ValueError("the model shape was counted without model.lora: use model_shape(path, cfg.model.lora)")
+    trainable = shape.lora_params if lora else shape.params - (shape.vision_params if t.freeze_vision else 0)
+    states = model_state_bytes(shape.params + (shape.lora_params if lora else 0), trainable, world, backend,
+                               zero_stage, offload, precision)
     per_gpu: dict[str, int] = {k: states[k] for k in ("parameters", "gradients", "optimizer")}
     per_gpu["zero3_gathered_layer"] = zero3_working_set_bytes(shape.largest_layer_params) if zero_stage == 3 else 0
-    if cfg.algo.kl_coef > 0:  # frozen copy: the policy's weight dtype, partitioned under ZeRO-3
+    if cfg.algo.kl_coef > 0 and not lora:  # frozen copy: the policy's weight dtype, partitioned under ZeRO-3
         per_gpu["reference_model"] = weight * shape.params // (world if zero_stage == 3 else 1)
     else:
         per_gpu["reference_model"] = 0
@@ -305,7 +322,7 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image
     images = t.micro_batch_prompts * images_per_prompt * (1 if m.encode_images_once else r.group_size)
     vision_act = 0
-    if not t.freeze_vision:
+    if not t.freeze_vision and (shape.lora_vision or not lora):  # no gradient into the tower: nothing saved
         v_layer = vision_layer_bytes_per_patch(shape.family, shape.vision_hidden, shape.vision_intermediate, precision)
         v_ckpt = checkpointed_layer_bytes_per_token(shape.vision_hidden, precision)
         vision_act = activation_bytes(images * patches, shape.vision_depth, v_layer, v_ckpt, t.gradient_checkpointing)
@@ -314,6 +331,8 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     per_gpu["autocast_weight_copies"] = 2 * shape.params if precision == "autocast" else 0
     per_gpu["logprob_buffers"] = logprob_bytes(m.logprob_chunk_size, shape.vocab, shape.hidden, weight,
                                                sequences * r.max_new_tokens, act)
+    if lora and not shape.lora_head:  # a frozen head has no [V, H] gradient buffer
+        per_gpu["logprob_buffers"] -= weight * shape.vocab * shape.hidden
     prompts_per_rank = -(-t.prompts_per_step // world)
     per_gpu["kv_cache"] = kv_cache_bytes(prompts_per_rank * r.group_size, seq_len, shape.layers, shape.kv_heads,
                                          shape.head_dim, act)
@@ -340,7 +359,7 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
         workload={"micro_batch_sequences": sequences, "sequence_length": seq_len, "images_per_micro_batch": images,
                   "patches_per_image": patches, "rollout_sequences_per_rank": prompts_per_rank * r.group_size,
                   "gradient_checkpointing": t.gradient_checkpointing, "freeze_vision": t.freeze_vision,
-                  "reference_model": cfg.algo.kl_coef > 0},
+                  "reference_model": cfg.algo.kl_coef > 0 and not lora, "lora_rank": m.lora.rank},
         per_gpu_bytes=per_gpu, phases=phases, host_bytes_per_node=states["host"] * gpus, deepspeed=ds,
         usable_bytes=int((gpu_memory_gb - reserve_gb) * GIB),
     )
@@ -394,5 +413,7 @@ def _fixes(cfg, shape: ModelShape, **setup) -> list[str]:
         else:
             out.append("no combination of ZeRO stage, offload, checkpointing, micro-batch 1 and a frozen vision tower "
                        "fits on this many GPUs: add GPUs, shorten the sequences, or lower rollout.group_size")
-    out.append("hint: LoRA (issue 14; not built yet) trains a small adapter, removing most gradients and optimizer state")
+    if cfg.model.lora.rank <= 0:
+        out.append("hint: model.lora.rank=16 (LoRA) trains small adapters: gradients and optimizer state for those "
+                   "only, and GRPO's reference is the adapter switched off (no second copy)")
     return out

@@ -102,6 +102,7 @@ class Policy:
             raise ValueError(f"need 0 < min_pixels <= max_pixels; got min_pixels={min_pixels}, max_pixels={max_pixels}")
         self.model = model
         self.processor = processor
+        self.peft = None  # the peft.PeftModel owning LoRA adapters injected into `model` (mmgpg.lora.attach)
         self.family = model_type
         self.min_pixels = min_pixels
         self.max_pixels = max_pixels
@@ -123,6 +124,13 @@ class Policy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def merged_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights a rollout engine with its own copy (vLLM) must load after each update: the model's state dict
+        with LoRA adapters merged under the base model's names (:func:`mmgpg.lora.merged_state_dict`)."""
+        from mmgpg.lora import merged_state_dict
+
+        return merged_state_dict(self.model)
 
     # ---- prompts --------------------------------------------------------------------------------------------------
 
@@ -333,15 +341,31 @@ class Policy:
             kwargs["image_grid_thw"] = batch.image_grid_thw[index]
             kwargs.update(self._image_encoder_outputs(batch, index) if encode_images_once
                           else self._repeated_pixels(batch, index))
+        from mmgpg.lora import output_head
+
         hidden = self.model.model(**kwargs, use_cache=False).last_hidden_state
         scored = hidden[:, prompt_len - 1 : -1][comp_mask]  # [K, H]: positions that predict completion tokens
         head = self.model.get_output_embeddings()
-        logp = chunked_token_logprobs(
-            scored, head.weight, comp_ids[comp_mask], chunk_size=chunk_size, bias=head.bias, temperature=temperature,
-            excluded_token_ids=self.vision_token_ids,
-        )
+
+        def score(hidden_, targets_):  # reads the head's weights only inside head's own call (see _call_through)
+            weight, bias = output_head(self.model)  # through PEFT's wrappers: the head the forward really uses
+            return chunked_token_logprobs(hidden_, weight, targets_, chunk_size=chunk_size, bias=bias,
+                                          temperature=temperature, excluded_token_ids=self.vision_token_ids)
+
+        logp = _call_through(head, score, scored, comp_ids[comp_mask])
         out = torch.zeros(comp_ids.shape, dtype=logp.dtype, device=device)
         return out.masked_scatter(comp_mask, logp)
+
+
+def _call_through(module: torch.nn.Module, fn, *args):
+    """``fn(*args)`` run as ``module``'s forward, so hooks on ``module`` see it: DeepSpeed ZeRO-3 gathers a
+    partitioned ``lm_head.weight`` for the call and again for its backward (and releases it after each), exactly as for
+    the module's own forward. Without hooks this is ``fn(*args)``."""
+    module.forward = fn  # an instance attribute shadows the class's forward for this one call
+    try:
+        return module(*args)
+    finally:
+        del module.forward
 
 
 def gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -> PromptBatch:

@@ -39,6 +39,7 @@ def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
     except Exception as err:  # noqa: BLE001
         findings.append(Finding("data", "error", f"{type(err).__name__}: {err}"))
         return findings
+    policy = None
     try:
         from mmgpg.modelload import load_policy_for
 
@@ -55,6 +56,8 @@ def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
                                     + (": too long — lower model.max_pixels or raise max_prompt_length" if over else "")))
     except Exception as err:  # noqa: BLE001
         findings.append(Finding("prompts", "error", f"{type(err).__name__}: {err}"))
+    if cfg.model.lora.rank > 0 and policy is not None:
+        findings.append(lora_finding(policy.model, cfg.model.lora))
     has_gold = task.overrides("gold_completion")
     probes = dict(PROBES)
     for ex in items[:2]:
@@ -86,3 +89,21 @@ def _judge_finding(label: str, ident: str, protocol: str, record: dict[str, Any]
     elif label != "gold" and (record["correct"] > 0 or accuracy > 0):
         status, detail = "warn", detail + f" — an {label} answer scores (a reward hack under this protocol)"
     return Finding(f"{label} answer, {ident}", status, detail)
+
+
+def lora_finding(model, lora_cfg) -> Finding:
+    """What ``model.lora`` trains on this model (meta device): adapter and fully trained parameters and their share,
+    or an error when a trainable module does not exist or no layer matches the targets."""
+    from mmgpg.lora import count_parameters, resolve_trainable
+
+    try:
+        resolve_trainable(model, list(lora_cfg.trainable_modules))
+    except ValueError as err:
+        return Finding("lora", "error", str(err))
+    c = count_parameters(model, lora_cfg)
+    if not c["adapter"]:
+        return Finding("lora", "error", f"model.lora.target_modules={lora_cfg.target_modules} match no linear layer of "
+                                        "this model")
+    total = sum(p.numel() for p in model.parameters())
+    return Finding("lora", "ok", f"rank {lora_cfg.rank}: {c['adapter']:,} adapter + {c['full']:,} fully trained "
+                                 f"parameters = {(c['adapter'] + c['full']) / total:.2%} of {total:,}")

@@ -104,6 +104,11 @@ def config_changes(old_tree: dict, new_tree: dict, command: str = "train") -> di
     """``{dotted key: (old, new)}`` for every key that differs and that ``command`` reads (``sft.*`` is not used by
     train, ``algo.*`` and most of ``train.*`` not by sft; the resume switches themselves are not changes)."""
     old, new = _flatten(old_tree), _flatten(new_tree)
+    from mmgpg.config import Config, to_dict
+
+    # A key added to the schema after the checkpoint was written (e.g. model.lora.*) ran with its default.
+    defaults = _flatten(to_dict(Config()))
+    old.update({k: defaults[k] for k in set(new) - set(old) if k in defaults})
     keys = sorted(set(old) | set(new))
     ignored = ("train.resume", "train.resume_config")  # how this start was asked for, not what the run computes
     prefixes, used = UNUSED_BY[command]
@@ -202,7 +207,8 @@ def save_run_state(run_dir: Path, step: int, policy, backend, stream, counters: 
     from mmgpg.config import to_yaml
 
     state = {**backend.state_dict(), "stream": stream.state_dict(), "counters": counters}
-    return save_checkpoint(run_dir, step, policy, state, keep_last, extra_files={"config.yaml": to_yaml(cfg)})
+    return save_checkpoint(run_dir, step, policy, state, keep_last, extra_files={"config.yaml": to_yaml(cfg)},
+                           backend=backend)
 
 
 def restore_run_state(checkpoint: Path, run_dir: Path, cfg, backend, stream, settings, *, command: str,
@@ -216,6 +222,7 @@ def restore_run_state(checkpoint: Path, run_dir: Path, cfg, backend, stream, set
     changed = check_config(cfg, checkpoint, run_dir, record=is_main, command=command)
     state, rng = load_trainer_state(checkpoint)
     backend.load_state_dict(state)
+    backend.load_engine_state(checkpoint / "engine")
     if changed:
         backend.apply_settings(settings())
     stream.load_state_dict(state["stream"])

@@ -13,11 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from mmgpg import resume
+from mmgpg import lora, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Resolved, save_config
 from mmgpg.evaluate import evaluate
-from mmgpg.modelload import load_policy_for
+from mmgpg.modelload import load_for_training
 from mmgpg.policy import CompletionBatch, Policy, pad_completions
 from mmgpg.rollout import build_engine
 from mmgpg.stream import PromptStream
@@ -56,9 +56,8 @@ class SFTTrainer:
         checkpoint = resume.start_or_resume(self.run_dir, cfg.train.resume)
         self.step = 0
         seed_everything(cfg.seed)
-        source = str(checkpoint / "policy") if checkpoint else cfg.model.name_or_path
-        self.policy = load_policy_for(cfg.model, self.backend.device, source=source,
-                                      dtype=self.backend.weights_dtype(cfg.model.dtype))
+        self.policy = load_for_training(cfg.model, self.backend.device, self.backend.weights_dtype(cfg.model.dtype),
+                                             checkpoint)
         self.task = build_task(cfg.task.name, cfg.task.options)
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.eval_examples = first_items(self.task.load(cfg.train.eval_split), cfg.train.eval_limit)
@@ -80,8 +79,9 @@ class SFTTrainer:
                                  total_steps=s.max_steps)
 
     def evaluate(self) -> dict[str, float]:
-        metrics, _ = evaluate(self.engine, self.task, self.eval_examples,
-                              max_new_tokens=self.cfg.rollout.max_new_tokens)
+        with self.backend.generation_context():  # ZeRO-3: the weights gathered once, not per token
+            metrics, _ = evaluate(self.engine, self.task, self.eval_examples,
+                                  max_new_tokens=self.cfg.rollout.max_new_tokens)
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     def save(self) -> Path:
@@ -98,6 +98,7 @@ class SFTTrainer:
         with self.backend.autocast():
             logp = self.policy.completion_logprobs(batch, chunk_size=cfg.model.logprob_chunk_size)
         loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
+        self.backend.begin_accumulation(1)
         self.backend.backward(loss)
         self.backend.reduce_gradients()
         grad_norm = self.backend.step().grad_norm
@@ -127,7 +128,9 @@ class SFTTrainer:
                           "train.resume=true)", file=sys.stderr, flush=True)
                     return saved / "policy"
         final = self.run_dir / "final"
-        self.policy.model.save_pretrained(final)
-        self.policy.processor.save_pretrained(final)
+        # adapters merged, partitioned weights gathered: a plain Hugging Face model directory
+        lora.save_policy(self.policy, final, self.backend.full_state_dict())
+        if lora.is_lora(self.policy):
+            lora.save_adapter(self.policy, self.run_dir / "final_adapter")
         return final
 

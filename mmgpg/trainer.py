@@ -17,7 +17,6 @@ The phase names are the timer names (``time/rollout``, ``time/advantages``, ``ti
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,14 +24,14 @@ from typing import Any
 
 import torch
 
-from mmgpg import algorithms, distributed, resume
+from mmgpg import algorithms, distributed, lora, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Config, Resolved, save_config
-from mmgpg.modelload import load_policy_for
+from mmgpg.modelload import load_for_training, load_policy_for
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, pad_completions
-from mmgpg.progress import TrainProgress
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
 from mmgpg.rollout.check import LogprobDiff, check_logprob_diff
+from mmgpg.runlog import RunLog
 from mmgpg.stream import PromptStream
 from mmgpg.task import SkipBadRows, build_task, first_items
 from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
@@ -89,10 +88,11 @@ class Trainer:
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
         dtype = self.backend.weights_dtype(cfg.model.dtype)
-        source = str(checkpoint / "policy") if checkpoint else cfg.model.name_or_path
-        self.policy = policy or self._load(source, dtype)
-        self.reference = self._load(cfg.model.name_or_path, dtype) if cfg.algo.kl_coef > 0 else None
-        if self.reference is not None:
+        self.policy = load_for_training(cfg.model, self.device, dtype, checkpoint, policy=policy)
+        # LoRA: the reference is the policy itself with its adapter switched off (_fixed_logprobs); no second copy.
+        self.reference = None if cfg.algo.kl_coef == 0 else (
+            self.policy if lora.is_lora(self.policy) else self._load(cfg.model.name_or_path, dtype))
+        if self.reference is not None and self.reference is not self.policy:
             self.reference.model.eval().requires_grad_(False)
         model = self.policy.model
         if cfg.train.freeze_vision:
@@ -104,8 +104,13 @@ class Trainer:
             else:  # transformers 5.19
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.backend.prepare(model, self._optimizer_settings())
+        if self.reference is not None and hasattr(self.backend, "partition_reference"):  # ZeRO-3: partitioned too
+            self.reference.model = self.backend.partition_reference(self.reference.model)
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
         self.sampling = Sampling.from_config(cfg.rollout)
+        a = cfg.algo  # the algorithm's functions with their hyper-parameters bound once
+        self.advantage_fn = algorithms.bind(algorithms.ADVANTAGES[a.advantage], std_eps=a.std_eps)
+        self.token_loss_fn = algorithms.bind(algorithms.TOKEN_LOSSES[a.token_loss], clip_eps=a.clip_eps)
         if checkpoint is not None:
             self._resume(checkpoint)
         if self.dist.is_main:
@@ -114,7 +119,7 @@ class Trainer:
                 save_config(self.resolved, self.run_dir, "train")
         distributed.barrier()
         self.stopper = GracefulStop(lambda: self.state.step + 1, announce=self.dist.is_main)
-        self.tb = self.wandb = None
+        self.runlog: RunLog | None = None
 
     # ---- set-up helpers -------------------------------------------------------------------------------------------
 
@@ -159,8 +164,9 @@ class Trainer:
         """Sample until the update's valid fraction reaches β_th (or the attempt cap)
         (:func:`mmgpg.rollout.collect_groups`)."""
         a = self.cfg.algo
-        return collect_groups(self._sample_groups, self.per_rank, min_valid_fraction=a.min_valid_fraction,
-                              max_attempts=a.max_resample_attempts, comm_device=self.backend.comm_device)
+        with self.backend.generation_context():  # ZeRO-3: the weights gathered once for the whole rollout
+            return collect_groups(self._sample_groups, self.per_rank, min_valid_fraction=a.min_valid_fraction,
+                                  max_attempts=a.max_resample_attempts, comm_device=self.backend.comm_device)
 
     def _sample_groups(self, attempt: int) -> list[Group]:
         """One attempt: the next ``per_rank`` prompts of the stream, ``group_size`` completions each, scored."""
@@ -178,7 +184,7 @@ class Trainer:
         a, G = self.cfg.algo, self.cfg.rollout.group_size
         if groups:
             rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
-            for g, adv in zip(groups, algorithms.ADVANTAGES[a.advantage](rewards, a.std_eps).tolist()):
+            for g, adv in zip(groups, self.advantage_fn(rewards).tolist()):
                 g.advantages = adv
         total = distributed.sum_counts({"num_samples": len(groups) * G,
                                         "num_zero_variance": sum(G for g in groups if g.zero_variance),
@@ -213,38 +219,44 @@ class Trainer:
             return policy.completion_logprobs(rollout, chunk_size=m.logprob_chunk_size, temperature=r.temperature,
                                               encode_images_once=m.encode_images_once)
 
-    def _micro_batches(self, groups: list[Group]) -> list[tuple[CompletionBatch, torch.Tensor]]:
+    def _micro_batches(self, groups: list[Group]) -> list[tuple[CompletionBatch, torch.Tensor, float]]:
         """The forwarded groups (zero-variance ones only when a KL term needs them) as micro-batches of
-        ``train.micro_batch_prompts`` prompt groups, each with its advantages ``[rows]``."""
+        ``train.micro_batch_prompts`` prompt groups, each with its advantages ``[rows]`` and its weight (1).
+
+        With collectives inside forward/backward (``backend.equal_micro_batches``: DeepSpeed), a rank with fewer
+        micro-batches than the busiest one appends copies of one of its groups with weight 0 (they add exactly 0)."""
         forwarded = groups if self.cfg.algo.kl_coef > 0 else [g for g in groups if not g.zero_variance]
         mb = self.cfg.train.micro_batch_prompts
         chunks = [forwarded[i : i + mb] for i in range(0, len(forwarded), mb)]
-        return [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32))
-                for c in chunks]
+        micro = [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32), 1.0)
+                 for c in chunks]
+        most = distributed.all_max(len(micro), self.backend.comm_device) if self.backend.equal_micro_batches else 0
+        pad = (self._collate(groups[:1]), torch.zeros(self.cfg.rollout.group_size), 0.0) if most > len(micro) else None
+        return micro + [pad] * (int(most) - len(micro)) if pad else micro
 
     def _backward(self, micro, counts: StepCounts, old, ref, diff: LogprobDiff | None = None) -> tuple[float, float]:
         """Backward of this rank's micro-batches (loss = (α · Σ policy + kl_coef · Σ KL) / global denominator), then
         the gradients summed over ranks. Returns this rank's (policy, KL) loss parts. ``diff`` collects the post-sync
         check from these log-probs (the rollout's weights: called before the optimizer step)."""
         a = self.cfg.algo
-        token_loss = algorithms.TOKEN_LOSSES[a.token_loss]
         alpha = counts.alpha if counts.alpha is not None else 1.0  # B == M: the policy term is 0 anyway
         policy_total = kl_total = 0.0
-        for (r, adv), old_lp, ref_lp in zip(micro, old, ref):
+        self.backend.begin_accumulation(len(micro))
+        for (r, adv, weight), old_lp, ref_lp in zip(micro, old, ref):
             logp = self._logprobs(self.policy, r)
             if diff is not None and r.sampled_logprobs is not None:
                 diff.add(r.sampled_logprobs, logp, r.completion_mask)
             adv = adv.to(logp.device)
             mask = r.completion_mask.to(logp.device)
-            loss = alpha * algorithms.token_loss_sum(token_loss(logp, adv, old_lp, a.clip_eps), mask,
-                                                     a.aggregation) / counts.denominator
+            per_token = self.token_loss_fn(logp, adv) if old_lp is None else self.token_loss_fn(logp, adv, old_logp=old_lp)
+            loss = alpha * algorithms.token_loss_sum(per_token, mask, a.aggregation) / counts.denominator
             policy_total += float(loss.detach())
             if ref_lp is not None:
                 kl_term = a.kl_coef * algorithms.token_loss_sum(algorithms.KL_ESTIMATORS[a.kl_estimator](logp, ref_lp),
                                                                 mask, a.aggregation) / counts.denominator
                 loss = loss + kl_term
                 kl_total += float(kl_term.detach())
-            self.backend.backward(loss)
+            self.backend.backward(loss * weight if weight != 1.0 else loss)
         self.backend.reduce_gradients()
         return policy_total, kl_total
 
@@ -254,9 +266,10 @@ class Trainer:
         old, ref = [None] * n, [None] * n
         with torch.no_grad():
             if self.cfg.algo.updates_per_batch > 1:
-                old = [self._logprobs(self.policy, r) for r, _ in micro]
+                old = [self._logprobs(self.policy, r) for r, _, _ in micro]
             if self.reference is not None:
-                ref = [self._logprobs(self.reference, r) for r, _ in micro]
+                with lora.adapter_disabled(self.reference):  # LoRA: the base model inside the policy
+                    ref = [self._logprobs(self.reference, r) for r, _, _ in micro]
         return old, ref
 
     def compute_gradients(self, groups: list[Group], counts: StepCounts) -> tuple[float, float]:
@@ -353,7 +366,7 @@ class Trainer:
         summed = distributed.sum_counts({
             "completions": len(generated) * G, "reward": sum(sum(g.rewards) for g in generated),
             "tokens": sum(g.num_tokens for g in generated),
-            "truncated": sum(not c or c[-1] not in eos for g in generated for c in g.completion_ids),
+            "truncated": sum(sum(g.truncated(eos)) for g in generated),
             **{f"reward/{name}": sum(sum(g.components[name]) for g in generated) for name in names}},
             self.backend.comm_device)
         n = max(summed["completions"], 1.0)
@@ -371,36 +384,10 @@ class Trainer:
 
     # ---- logging --------------------------------------------------------------------------------------------------
 
-    def _open_writers(self) -> None:
-        self.tb = self.wandb = None
-        if not self.dist.is_main:
-            return
-        if self.cfg.train.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
-        if self.cfg.train.wandb:
-            import wandb
-
-            from mmgpg.config import to_dict
-
-            self.wandb = wandb.init(project=self.cfg.train.wandb_project, dir=str(self.run_dir),
-                                    config=to_dict(self.cfg), resume="allow")
-
     def _log(self, metrics: dict[str, Any]) -> None:
-        if not self.dist.is_main:
-            return
         if getattr(self.dataset, "skipped", None):  # data.on_bad_row=skip: rows rank 0 skipped so far
             metrics["data/skipped_rows"] = len(self.dataset.skipped)
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        step = metrics["step"]
-        if self.tb is not None:
-            for k, v in metrics.items():
-                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step)
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
+        self.runlog.log(metrics)
 
     def _write_success_records(self, generated: list[Group]) -> None:
         """One record per generated group (every rank, every attempt) in prompt_success.jsonl: whether it entered
@@ -422,18 +409,19 @@ class Trainer:
         from mmgpg.evaluate import evaluate, sampled_scores
 
         metrics = None
-        if self.dist.is_main:
-            t, r = self.cfg.train, self.cfg.rollout
-            examples = first_items(self.task.load(t.eval_split), t.eval_limit)
-            # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                scores, _ = evaluate(self.engine, self.task, examples, max_new_tokens=r.max_new_tokens)
-                metrics = {f"eval/{k}": v for k, v in scores.items()}
-                if t.eval_samples:
-                    torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
-                    sampled = sampled_scores(self.engine, self.task, examples, samples=t.eval_samples,
-                                             temperature=r.temperature, max_new_tokens=r.max_new_tokens)
-                    metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
+        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
+            if self.dist.is_main:
+                t, r = self.cfg.train, self.cfg.rollout
+                examples = first_items(self.task.load(t.eval_split), t.eval_limit)
+                # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
+                with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                    scores, _ = evaluate(self.engine, self.task, examples, max_new_tokens=r.max_new_tokens)
+                    metrics = {f"eval/{k}": v for k, v in scores.items()}
+                    if t.eval_samples:
+                        torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
+                        sampled = sampled_scores(self.engine, self.task, examples, samples=t.eval_samples,
+                                                 temperature=r.temperature, max_new_tokens=r.max_new_tokens)
+                        metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
         return distributed.broadcast_object(metrics)
 
     def probe(self) -> None:
@@ -441,15 +429,16 @@ class Trainer:
         training prompts (rank 0; under a forked RNG so the training stream is untouched) → probe_success.jsonl."""
         from mmgpg.probe import PROBE_FILE, check_success, probe_prompts, write_probe
 
-        if self.dist.is_main:
-            t = self.cfg.train
-            check_success(self.task, None)
-            examples = first_items(self.dataset, t.probe_limit)
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                torch.manual_seed(self.cfg.seed + 20_000 + self.state.step)
-                records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, split=t.split,
-                                        samples=t.probe_samples, success_threshold=None)
-            write_probe(self.run_dir / PROBE_FILE, self.state.step, "live", records)
+        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
+            if self.dist.is_main:
+                t = self.cfg.train
+                check_success(self.task, None)
+                examples = first_items(self.dataset, t.probe_limit)
+                with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                    torch.manual_seed(self.cfg.seed + 20_000 + self.state.step)
+                    records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, split=t.split,
+                                            samples=t.probe_samples, success_threshold=None)
+                write_probe(self.run_dir / PROBE_FILE, self.state.step, "live", records)
         distributed.barrier()
 
     def save(self) -> Path:
@@ -461,11 +450,8 @@ class Trainer:
     def train(self) -> Path:
         """Run until ``train.max_steps``; save at ``save_every``, at the end, and at a SIGTERM/SIGINT step boundary."""
         cfg = self.cfg
-        self._open_writers()
+        self.runlog = RunLog(self.run_dir, cfg, start_step=self.state.step, is_main=self.dist.is_main)
         self.stopper.__enter__()
-        progress = TrainProgress(cfg.train.max_steps, self.state.step, enabled=cfg.train.progress and self.dist.is_main)
-        if not self.dist.is_main:
-            progress.note = lambda text: None  # type: ignore[method-assign]
         try:
             if cfg.train.eval_every and self.state.step == 0:
                 self._log({"step": 0, **self.evaluate()})
@@ -477,7 +463,6 @@ class Trainer:
                                              or self.state.step == cfg.train.max_steps):
                     metrics.update(self.evaluate())
                 self._log(metrics)
-                progress.update(metrics)
                 if cfg.train.probe_every and self.state.step % cfg.train.probe_every == 0:
                     self.probe()
                 last = self.state.step >= cfg.train.max_steps
@@ -485,14 +470,9 @@ class Trainer:
                 if last or stop or (cfg.train.save_every and self.state.step % cfg.train.save_every == 0):
                     self.save()
                 if stop:
-                    progress.note(f"stopped by signal at step {self.state.step}; checkpoint saved")
+                    self.runlog.note(f"stopped by signal at step {self.state.step}; checkpoint saved")
                     break
         finally:
-            progress.close()
+            self.runlog.close()
             self.stopper.__exit__()
-            if self.tb is not None:
-                self.tb.close()
-            if self.wandb is not None:
-                self.wandb.finish()
         return self.run_dir
-

@@ -63,7 +63,9 @@ class RolloutEngine(Protocol):
         ...
 
     def sync_weights(self) -> None:
-        """Make the engine generate with the policy's current weights (after each optimizer step)."""
+        """Make the engine generate with the policy's current weights (after each optimizer step). An engine with its
+        own copy of the weights loads ``policy.merged_state_dict()``: with LoRA, the adapters merged into the base
+        weights under the base model's names (vLLM's own LoRA does not cover the vision tower)."""
         ...
 
     def close(self) -> None: ...

@@ -25,7 +25,7 @@ class HFEngine:
                                         temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
 
     def sync_weights(self) -> None:
-        """Nothing to do: generation uses the trained module itself."""
+        """Nothing to do: generation uses the trained module itself (LoRA adapters included)."""
 
     def close(self) -> None:
         """Nothing to release."""

@@ -67,7 +67,7 @@ class VLLMEngine:
         mixed = not isinstance(autocast(), contextlib.nullcontext)
         self.dtype = r.vllm_dtype if r.vllm_dtype != "auto" else ("bfloat16" if mixed
                                                                  else _dtype_name(policy.model.dtype))
-        self._check_settings(r)
+        self._check_settings(r, policy)
         exact = self.dtype == "float32" and _dtype_name(policy.model.dtype) == "float32" and not mixed
         self.check_mean = r.logprob_check_mean if r.logprob_check_mean is not None else (1e-3 if exact else 5e-2)
         self.check_max = r.logprob_check_max
@@ -105,10 +105,15 @@ class VLLMEngine:
                 sleep=r.vllm_sleep))
 
     @staticmethod
-    def _check_settings(r) -> None:
+    def _check_settings(r, policy: Policy) -> None:
+        from mmgpg.lora import is_lora
         from mmgpg.schema import ConfigError, Problem
 
         problems = []
+        if is_lora(policy):
+            problems.append(Problem("rollout.engine", "vllm", "LoRA adapters are not synced to vLLM yet (a sync would "
+                                    "need the merged weights or vLLM's LoRA support).",
+                                    "use rollout.engine=hf with model.lora, or train the full weights with vllm."))
         if r.logprob_check and (r.top_p < 1 or r.top_k > 0):
             problems.append(Problem(
                 "rollout.top_p/top_k", f"{r.top_p}/{r.top_k}",

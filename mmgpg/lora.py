@@ -1,0 +1,318 @@
+"""LoRA adapters (PEFT) on a policy: attach, switch off, merge, save and load.
+
+``model.lora.rank > 0`` freezes the model and injects PEFT LoRA layers into it *in place*: ``policy.model`` stays the
+Hugging Face model (so every policy operation — generate, the chunked log-probs, the vision-once-per-group path —
+runs unchanged) and ``policy.peft`` holds the :class:`peft.PeftModel` that owns the adapter.
+
+* :func:`attach` — a fresh adapter (B = 0, so the adapted model starts exactly at the base model) or one saved by
+  :func:`save_adapter` (resume).
+* :func:`adapter_disabled` — the base model without a second copy: GRPO's reference policy.
+* :func:`output_head` — the ``(weight, bias)`` the forward really uses for the logits, read through PEFT's wrappers
+  (a trained ``lm_head`` copy in ``trainable_modules`` is a ``ModulesToSaveWrapper``; reading the wrong one silently
+  scores with the frozen head).
+* :func:`merged_state_dict` — the model's state dict with every adapter merged, ``W + (alpha/r) B A``, under the base
+  model's own key names: what ``policy/`` saves and what a rollout engine with its own weights (vLLM) must load after
+  each update (vLLM's LoRA does not cover the vision tower).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+# The language model's linear layers in Qwen2-VL and Qwen2.5-VL decoder layers (model.lora.target_modules default).
+LORA_LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_DIR = "adapter"  # a checkpoint's PEFT adapter folder, beside policy/ (the merged model)
+
+# Linear layers of the vision tower's blocks: Qwen2-VL (fc1/fc2) and Qwen2.5-VL (gated MLP).
+_VISION_TARGETS = r"model\.visual\.blocks\.\d+\.(?:attn\.(?:qkv|proj)|mlp\.(?:fc1|fc2|gate_proj|up_proj|down_proj))"
+_MERGER_TARGETS = r"model\.visual\.merger\.mlp\.(?:0|2)"  # the merger MLP's two Linear layers (1 is the GELU)
+
+
+def target_regex(lora_cfg) -> str:
+    """The PEFT ``target_modules`` regex (``re.fullmatch`` on full module names) of ``model.lora``: the named linear
+    layers of the language model's decoder layers, plus the vision blocks and the merger when opted in.
+
+    >>> from mmgpg.config import LoraConfig
+    >>> bool(re.fullmatch(target_regex(LoraConfig(rank=4)), "model.language_model.layers.3.self_attn.q_proj"))
+    True
+    >>> bool(re.fullmatch(target_regex(LoraConfig(rank=4)), "model.visual.blocks.0.attn.qkv"))
+    False
+    """
+    parts = []
+    if lora_cfg.target_modules:
+        names = "|".join(re.escape(n) for n in lora_cfg.target_modules)
+        parts.append(rf"model\.language_model\.layers\.\d+\.(?:[\w.]+\.)?(?:{names})")
+    if lora_cfg.vision:
+        parts.append(_VISION_TARGETS)
+    if lora_cfg.merger:
+        parts.append(_MERGER_TARGETS)
+    return "|".join(f"(?:{p})" for p in parts)
+
+
+def check_lora(cfg) -> list:
+    """Problems with ``model.lora`` (config values only; module names are checked against the model in :func:`attach`)."""
+    from mmgpg.schema import Problem
+
+    lc, p = cfg.model.lora, []
+    if lc.rank < 0:
+        p.append(Problem("model.lora.rank", lc.rank, "A rank is >= 0 (0: no adapter, full fine-tuning).",
+                         "set model.lora.rank=0, or 8, 16, 64 for LoRA."))
+    if lc.rank <= 0:
+        return p
+    if lc.alpha <= 0:
+        p.append(Problem("model.lora.alpha", lc.alpha, "The adapter scale alpha/rank must be > 0.",
+                         "set model.lora.alpha=32 (or 2 x rank)."))
+    if not 0 <= lc.dropout < 1:
+        p.append(Problem("model.lora.dropout", lc.dropout, "Dropout is a probability in [0, 1).",
+                         "set model.lora.dropout=0 (exactly on-policy) or 0.05."))
+    bad = [n for n in lc.target_modules if n not in LORA_LANGUAGE_TARGETS]
+    if bad:
+        p.append(Problem("model.lora.target_modules", lc.target_modules,
+                         f"{bad} are not linear layers of a Qwen2-VL/Qwen2.5-VL decoder layer (the output head is "
+                         "trained in full through model.lora.trainable_modules, never adapted).",
+                         "use names from: " + ", ".join(LORA_LANGUAGE_TARGETS) + "."))
+    if not (lc.target_modules or lc.vision or lc.merger):
+        p.append(Problem("model.lora.target_modules", lc.target_modules, "No layer would get an adapter.",
+                         "list language-model layers (e.g. [q_proj,v_proj]) or set model.lora.vision=true."))
+    if lc.vision and cfg.train.freeze_vision:
+        p.append(Problem("model.lora.vision", True, "train.freeze_vision=true freezes the vision tower, its adapters "
+                         "included.", "set model.lora.vision=false or train.freeze_vision=false."))
+    return p
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Attaching and switching
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def resolve_trainable(model: torch.nn.Module, names: list[str]) -> list[str]:
+    """Each ``trainable_modules`` entry as PEFT's ``modules_to_save`` key; a name matching no module is an error."""
+    modules = [n for n, _ in model.named_modules() if n]
+    out = []
+    for name in names:
+        if not any(m == name or m.endswith("." + name) for m in modules):
+            from mmgpg.schema import did_you_mean
+
+            leaves = sorted({m.rsplit(".", 1)[-1] for m in modules if not m.rsplit(".", 1)[-1].isdigit()})
+            raise ValueError(f"model.lora.trainable_modules: no module of the model is named {name!r}."
+                             + did_you_mean(name.rsplit(".", 1)[-1], leaves)
+                             + " Use a module name such as lm_head, embed_tokens or merger.")
+        out.append(name)
+    return out
+
+
+def attach(policy, lora_cfg, adapter_dir: str | Path | None = None) -> None:
+    """Freeze ``policy.model`` and inject LoRA layers in place: a fresh adapter (A random, B = 0: the adapted model
+    equals the base model) or, with ``adapter_dir``, the adapter saved there (resume; ``is_trainable``)."""
+    if getattr(policy, "peft", None) is not None:
+        raise ValueError("this policy already has a LoRA adapter")
+    model = policy.model
+    with warnings.catch_warnings():  # PEFT asks transformers 5.2x a deprecated `is_gradient_checkpointing`
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        peft_model = _inject(model, lora_cfg, adapter_dir)
+    if peft_model.base_model.model is not model:  # the policy operations rely on in-place injection
+        raise RuntimeError("PEFT did not inject the adapter in place")
+    policy.peft = peft_model
+
+
+def _inject(model, lora_cfg, adapter_dir):
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if adapter_dir is not None:
+        peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+    else:
+        trainable = resolve_trainable(model, list(lora_cfg.trainable_modules))
+        if "lm_head" in [t.rsplit(".", 1)[-1] for t in trainable] and model.config.get_text_config().tie_word_embeddings:
+            raise ValueError("model.lora.trainable_modules: lm_head is tied to embed_tokens in this model "
+                             "(tie_word_embeddings); a separately trained head cannot be saved as this model. Train "
+                             "embed_tokens instead (it is the head too), or leave both frozen.")
+        config = LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+                            target_modules=target_regex(lora_cfg), modules_to_save=trainable or None, bias="none")
+        try:
+            peft_model = get_peft_model(model, config)
+        except ValueError as err:
+            if "not found in the base model" in str(err) or "Target modules" in str(err):
+                raise ValueError(f"model.lora: no layer of {model.config.model_type} matches the targets "
+                                 f"{lora_cfg.target_modules} (vision={lora_cfg.vision}, merger={lora_cfg.merger}): "
+                                 f"{str(err)[:200]}") from None
+            raise
+    return peft_model
+
+
+def is_lora(policy) -> bool:
+    return getattr(policy, "peft", None) is not None
+
+
+@contextlib.contextmanager
+def adapter_disabled(policy) -> Iterator[None]:
+    """Inside: the policy computes exactly as its base model (every adapter and trained copy bypassed); GRPO's
+    reference without a second model in memory. The adapter's ``requires_grad`` flags are restored afterwards."""
+    if not is_lora(policy):
+        yield
+        return
+    with policy.peft.disable_adapter():
+        yield
+
+
+def output_head(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(weight, bias)`` of the layer that really computes ``model``'s logits, through PEFT's wrappers.
+
+    A plain ``nn.Linear`` head is itself. A ``ModulesToSaveWrapper`` (``lm_head`` trained in full) is its active
+    trained copy, or the original head while adapters are disabled. A LoRA layer on the head (not offered by
+    ``model.lora``, but an adapter loaded from elsewhere may have one) is ``W + sum of active deltas``.
+    """
+    from peft.tuners.lora import LoraLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    head = model.get_output_embeddings()
+    if isinstance(head, ModulesToSaveWrapper):
+        active = head.active_adapters
+        if head.disable_adapters or not active or active[0] not in head.modules_to_save:
+            head = head.original_module
+        else:
+            head = head.modules_to_save[active[0]]
+    if isinstance(head, LoraLayer):
+        base = head.get_base_layer()
+        weight = base.weight
+        if not head.disable_adapters and not head.merged:
+            for name in head.active_adapters:
+                if name in head.lora_A:
+                    weight = weight + head.get_delta_weight(name).to(weight.dtype)
+        return weight, base.bias
+    return head.weight, head.bias
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Merging and saving
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of ``model`` with its active adapters merged, under the base model's key names.
+
+    For a LoRA layer ``m``: ``m.weight = m.base_layer.weight + (alpha/r) B A`` (PEFT's ``get_delta_weight``) and
+    ``m.bias = m.base_layer.bias``; its ``lora_*`` tensors are dropped. For a fully trained module ``m``
+    (``ModulesToSaveWrapper``): ``m.X = m.modules_to_save.<active>.X``; the frozen original is dropped. A model
+    without adapters gives its own ``state_dict()``. The weight-sync hook for rollout engines with their own weights:
+    call it after each optimizer step (no gradients; tensors detached).
+    """
+    import torch
+    from peft.tuners.lora import LoraLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    state = model.state_dict()
+    lora_layers, wrappers = {}, {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            lora_layers[name] = module
+        elif isinstance(module, ModulesToSaveWrapper):
+            wrappers[name] = module
+    if not lora_layers and not wrappers:
+        return state
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        owner = _owner(key, lora_layers)
+        if owner is not None:
+            rest = key[len(owner) + 1 :]
+            if rest.startswith("base_layer."):
+                out[owner + "." + rest[len("base_layer.") :]] = value
+            continue  # lora_A / lora_B / ... : merged below
+        owner = _owner(key, wrappers)
+        if owner is not None:
+            wrapper, rest = wrappers[owner], key[len(owner) + 1 :]
+            prefix = f"modules_to_save.{wrapper.active_adapters[0]}."
+            if not wrapper.disable_adapters and rest.startswith(prefix):
+                out[owner + "." + rest[len(prefix) :]] = value
+            elif wrapper.disable_adapters and rest.startswith("original_module."):
+                out[owner + "." + rest[len("original_module.") :]] = value
+            continue
+        out[key] = value
+    with torch.no_grad():
+        for name, layer in lora_layers.items():
+            if layer.disable_adapters or layer.merged:
+                continue
+            key = name + ".weight"
+            weight = out[key]
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
+                    weight = weight + layer.get_delta_weight(adapter).to(weight.dtype)
+            out[key] = weight.detach()
+    return out
+
+
+def _owner(key: str, modules: dict[str, Any]) -> str | None:
+    """The longest module name in ``modules`` that ``key`` lies under."""
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:i])
+        if prefix in modules:
+            return prefix
+    return None
+
+
+def save_policy(policy, directory: str | Path, full_state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """``directory`` as a Hugging Face model folder (plain transformers and vLLM load it): the model with adapters
+    merged, and the processor. ``full_state_dict``: the gathered weights when the model's own are partitioned
+    (DeepSpeed ZeRO-3, which the config does not combine with LoRA)."""
+    directory = Path(directory)
+    if is_lora(policy):
+        policy.model.save_pretrained(directory, state_dict=merged_state_dict(policy.model))
+    else:
+        policy.model.save_pretrained(directory, state_dict=full_state_dict)  # None: the model's own
+    policy.processor.save_pretrained(directory)
+
+
+def save_adapter(policy, directory: str | Path) -> None:
+    """The adapter (and fully trained modules) in PEFT's format: ``adapter_config.json`` + ``adapter_model.safetensors``
+    (``PeftModel.from_pretrained(base, directory)`` loads it)."""
+    policy.peft.save_pretrained(str(directory), save_embedding_layers=False)
+
+
+def trainable_summary(model: torch.nn.Module) -> dict[str, int]:
+    """``{"trainable": n, "total": n}`` parameter counts (LoRA: adapters and trained copies vs everything)."""
+    total = trainable = 0
+    for p in model.parameters():
+        total += p.numel()
+        trainable += p.numel() if p.requires_grad else 0
+    return {"trainable": trainable, "total": total}
+
+
+def count_parameters(model, lora_cfg) -> dict[str, int | bool]:
+    """What ``model.lora`` would train on ``model`` (a meta-device model is enough; nothing is injected):
+    ``adapter`` = sum of ``rank x (in + out)`` over the targeted ``nn.Linear`` layers, ``full`` = the parameters of
+    ``trainable_modules`` (trained copies), ``vision`` = whether gradients reach the vision tower, ``head`` = whether
+    the output head is trained.
+
+    >>> import torch
+    >>> from mmgpg.config import LoraConfig
+    >>> m = torch.nn.Module(); m.model = torch.nn.Module(); m.model.language_model = torch.nn.Module()
+    >>> m.model.language_model.layers = torch.nn.ModuleList([torch.nn.Module()])
+    >>> m.model.language_model.layers[0].q_proj = torch.nn.Linear(8, 4)
+    >>> count_parameters(m, LoraConfig(rank=2, target_modules=["q_proj"]))["adapter"]  # 2 x (8 + 4)
+    24
+    """
+    import torch
+
+    pattern = re.compile(target_regex(lora_cfg))
+    adapter, vision, full, head = 0, False, 0, False
+    names = {n: m for n, m in model.named_modules() if n}
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    for name, module in names.items():
+        if isinstance(module, torch.nn.Linear) and pattern.fullmatch(name):
+            adapter += lora_cfg.rank * (module.in_features + module.out_features)
+            vision = vision or ".visual." in f".{name}."
+    for wanted in lora_cfg.trainable_modules:
+        for name, module in names.items():
+            if name == wanted or name.endswith("." + wanted):
+                full += sum(p.numel() for p in module.parameters())
+                vision = vision or ".visual." in f".{name}."
+                head = head or module is output
+    return {"adapter": adapter, "full": full, "vision": vision, "head": head}
