@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from mmgpg.config import Config, Resolved, save_config
 from mmgpg.modelload import load_for_training, load_policy_for
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, pad_completions
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
+from mmgpg.rollout.check import LogprobDiff, check_logprob_diff
 from mmgpg.runlog import RunLog
 from mmgpg.stream import PromptStream
 from mmgpg.task import SkipBadRows, build_task, first_items
@@ -170,7 +171,9 @@ class Trainer:
     def _sample_groups(self, attempt: int) -> list[Group]:
         """One attempt: the next ``per_rank`` prompts of the stream, ``group_size`` completions each, scored."""
         examples = [self.dataset[i] for i in self.stream.next(self.per_rank)]
-        return sample_groups(self.engine, self.task, examples, self.cfg.rollout.group_size, self.sampling,
+        # Engines with per-request seeds (vLLM) seed each prompt from (seed, step, attempt, rank, prompt index).
+        sampling = replace(self.sampling, seed_key=(self.cfg.seed, self.state.step, attempt, self.dist.rank))
+        return sample_groups(self.engine, self.task, examples, self.cfg.rollout.group_size, sampling,
                              attempt=attempt, zero_variance_tol=self.cfg.algo.zero_variance_tol)
 
     # ---- phase 2: advantages --------------------------------------------------------------------------------------
@@ -203,7 +206,12 @@ class Trainer:
         else:
             batch = self.policy.encode_prompts([self.task.prompt(g.example) for g in groups])
         ids, mask = pad_completions([ids for g in groups for ids in g.completion_ids], self.policy.pad_token_id)
-        return CompletionBatch(batch, self.cfg.rollout.group_size, ids, mask)
+        sampled = None
+        if all(g.sampled_logprobs is not None for g in groups):  # the engine's log-probs, for the post-sync check
+            sampled = torch.zeros(ids.shape, dtype=torch.float32)
+            for i, lp in enumerate(lp for g in groups for lp in g.sampled_logprobs):
+                sampled[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        return CompletionBatch(batch, self.cfg.rollout.group_size, ids, mask, sampled_logprobs=sampled)
 
     def _logprobs(self, policy: Policy, rollout: CompletionBatch) -> torch.Tensor:
         m, r = self.cfg.model, self.cfg.rollout
@@ -226,15 +234,18 @@ class Trainer:
         pad = (self._collate(groups[:1]), torch.zeros(self.cfg.rollout.group_size), 0.0) if most > len(micro) else None
         return micro + [pad] * (int(most) - len(micro)) if pad else micro
 
-    def _backward(self, micro, counts: StepCounts, old, ref) -> tuple[float, float]:
+    def _backward(self, micro, counts: StepCounts, old, ref, diff: LogprobDiff | None = None) -> tuple[float, float]:
         """Backward of this rank's micro-batches (loss = (α · Σ policy + kl_coef · Σ KL) / global denominator), then
-        the gradients summed over ranks. Returns this rank's (policy, KL) loss parts."""
+        the gradients summed over ranks. Returns this rank's (policy, KL) loss parts. ``diff`` collects the post-sync
+        check from these log-probs (the rollout's weights: called before the optimizer step)."""
         a = self.cfg.algo
         alpha = counts.alpha if counts.alpha is not None else 1.0  # B == M: the policy term is 0 anyway
         policy_total = kl_total = 0.0
         self.backend.begin_accumulation(len(micro))
         for (r, adv, weight), old_lp, ref_lp in zip(micro, old, ref):
             logp = self._logprobs(self.policy, r)
+            if diff is not None and r.sampled_logprobs is not None:
+                diff.add(r.sampled_logprobs, logp, r.completion_mask)
             adv = adv.to(logp.device)
             mask = r.completion_mask.to(logp.device)
             per_token = self.token_loss_fn(logp, adv) if old_lp is None else self.token_loss_fn(logp, adv, old_logp=old_lp)
@@ -290,25 +301,45 @@ class Trainer:
                 "or resume from an earlier checkpoint.")
         return result.grad_norm
 
+    def _checked(self, diff: LogprobDiff, groups: list[Group] | None = None) -> dict[str, float]:
+        """The post-sync check over all ranks (collective): metrics, or a stop before the optimizer step. ``groups``:
+        a step without update (no informative group) scores them in one no-grad forward for it."""
+        if not (self.cfg.rollout.logprob_check and hasattr(self.engine, "check_mean")):
+            return {}
+        with torch.no_grad():
+            for r in [self._collate(groups[i : i + 1]) for i in range(len(groups or []))]:
+                if r.sampled_logprobs is not None:
+                    diff.add(r.sampled_logprobs, self._logprobs(self.policy, r), r.completion_mask)
+        return check_logprob_diff(*diff.reduce(self.backend.comm_device), mean_limit=self.engine.check_mean,
+                                  max_limit=self.engine.check_max, step=self.state.step)
+
     def update(self, groups: list[Group], counts: StepCounts) -> dict[str, float]:
-        """Backward over this rank's forwarded groups, sum gradients over ranks, clip, step."""
+        """Backward over this rank's forwarded groups, sum gradients over ranks, clip, step, sync the engine."""
         a = self.cfg.algo
+        getattr(self.engine, "sleep", lambda: None)()  # rollout.vllm_sleep: free the engine's GPU memory
         if counts.skip:
             self.state.skipped_steps += 1
             for _ in range(a.updates_per_batch):
                 self.backend.advance_schedule()
-            return {"loss/policy": 0.0, "loss/kl": 0.0, "grad_norm": 0.0}
+            return {"loss/policy": 0.0, "loss/kl": 0.0, "grad_norm": 0.0, **self._checked(LogprobDiff(), groups)}
         micro = self._micro_batches(groups)
         old, ref = self._fixed_logprobs(micro)
         self.policy.model.train()
         policy_total = kl_total = grad_norm = 0.0
-        for _ in range(a.updates_per_batch):
-            policy_total, kl_total = self._backward(micro, counts, old, ref)
+        checked: dict[str, float] = {}
+        for i in range(a.updates_per_batch):
+            diff = LogprobDiff() if i == 0 else None
+            policy_total, kl_total = self._backward(micro, counts, old, ref, diff)
+            if diff is not None:
+                checked = self._checked(diff)
             grad_norm = self._optimizer_step()
+        t0 = time.perf_counter()
         self.engine.sync_weights()
+        sync_s = time.perf_counter() - t0
         self.policy.model.eval()
         policy_total, kl_total = distributed.all_sum([policy_total, kl_total], self.backend.comm_device)
-        return {"loss/policy": policy_total, "loss/kl": kl_total, "grad_norm": grad_norm}
+        return {"loss/policy": policy_total, "loss/kl": kl_total, "grad_norm": grad_norm, "time/sync": sync_s,
+                **checked}
 
     # ---- one step -------------------------------------------------------------------------------------------------
 
