@@ -119,7 +119,9 @@ class DeepSpeedBackend:
         for group, fn in zip(self.engine.optimizer.param_groups, self.scheduler.lr_lambdas):
             group["lr"] = settings.learning_rate * fn(self.scheduler.last_epoch)
         self.scheduler._last_lr = [g["lr"] for g in self.engine.optimizer.param_groups]
-        self.engine.gradient_clipping = lambda: float(settings.max_grad_norm)
+        self.engine._config.gradient_clipping = float(settings.max_grad_norm)  # ZeRO-0 reads the engine's config
+        if hasattr(self.engine.optimizer, "clip_grad"):  # ZeRO-1/2/3 copied it at initialisation
+            self.engine.optimizer.clip_grad = float(settings.max_grad_norm)
 
     def partition_reference(self, model: torch.nn.Module) -> torch.nn.Module:
         """A frozen model (GRPO's reference) under ZeRO-3: partitioned like the policy, no optimizer state.
