@@ -173,10 +173,10 @@ class DeepSpeedBackend:
         return out
 
     def step(self) -> StepResult:
-        # ZeRO-1/2 skip a step whose gradient norm is NaN/Inf themselves; ZeRO-0/3 in float32 or bf16 would apply it.
-        # A non-finite loss on any rank (the usual source) skips the step here: gradients dropped, weights unchanged.
-        if self.zero_stage in (0, 3) and distributed.all_max(float(self._nonfinite_loss), self.comm_device) > 0:
-            self.engine.optimizer.zero_grad(set_to_none=True)  # ZeRO-3: also restarts its micro-step count
+        # ZeRO-1/2/3 skip a step whose gradient norm is NaN/Inf themselves; stage 0 (the torch optimizer) would apply
+        # it, so there a non-finite loss on any rank (the usual source) skips it: gradients dropped, weights unchanged.
+        if self.zero_stage == 0 and distributed.all_max(float(self._nonfinite_loss), self.comm_device) > 0:
+            self.engine.optimizer.zero_grad(set_to_none=True)
             self.advance_schedule()
             return StepResult(float("nan"), False)
         with _quiet():
