@@ -254,3 +254,16 @@ def test_server_mode_same_rollouts_sync_and_shutdown(server, tiny_dirs):
     with pytest.raises(VLLMServerError, match="stopped answering during /generate"):
         eng.generate(convs[:2], 2, Sampling(8, seed_key=(4,)))
     eng.close()
+
+
+@pytest.mark.slow
+def test_eval_with_the_vllm_engine_equals_hf(tmp_path):
+    outs = {}
+    for engine in ("hf", "vllm"):
+        out = tmp_path / engine
+        _cli("eval", "--task", "shapes", "--ckpt", "tiny", "--limit", "12", "--batch-size", "6", "--max-new-tokens",
+             "24", "--engine", engine, "model.dtype=float32", "--output", str(out))
+        outs[engine] = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+        assert json.loads((out / "metrics.json").read_text())["engine"] == engine
+    assert len(outs["vllm"]) == 12
+    assert [p["model_output"] for p in outs["vllm"]] == [p["model_output"] for p in outs["hf"]]
