@@ -20,9 +20,20 @@ prompt-major order and a boolean ``mask``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 import torch
+
+
+def bind(fn: Callable, **hyper: Any) -> Callable:
+    """``fn`` with those of ``hyper`` that it declares bound by keyword, once (``std_eps`` reaches the whitening
+    advantages and not GPG's; ``clip_eps`` the clipped ratio loss and not REINFORCE)."""
+    declared = inspect.signature(fn).parameters
+    return functools.partial(fn, **{k: v for k, v in hyper.items() if k in declared})
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # Advantages
@@ -34,10 +45,10 @@ def _check_rewards(rewards: torch.Tensor) -> None:
         raise ValueError(f"rewards must be [groups, group_size]; got shape {tuple(rewards.shape)}")
 
 
-def group_mean_advantages(rewards: torch.Tensor, std_eps: float = 0.0) -> torch.Tensor:
+def group_mean_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """GPG (F_norm = 1): ``A_ij = r_ij - mean_j r_ij``.
 
-    ``[[1, 0, 0, 1]]`` → ``[[0.5, -0.5, -0.5, 0.5]]``. ``std_eps`` is accepted for a uniform signature and unused.
+    ``[[1, 0, 0, 1]]`` → ``[[0.5, -0.5, -0.5, 0.5]]``.
     """
     _check_rewards(rewards)
     return rewards - rewards.mean(dim=1, keepdim=True)
@@ -128,8 +139,7 @@ def needs_more_groups(num_samples: int | float, num_zero_variance: int | float, 
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def reinforce_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None,
-                         clip_eps: float = 0.0) -> torch.Tensor:
+def reinforce_token_loss(logp: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
     """GPG: ``ℓ_it = -A_i · log π_θ(o_it)``; ``logp [N, T]``, ``advantages [N]``. (No ratio, no clip.)"""
     return -advantages[:, None] * logp
 

@@ -88,12 +88,13 @@ def cmd_sample(args) -> int:
 
     records = []
     for g in groups:
+        truncated = g.truncated(policy.eos_token_ids)
         for j, (ids, text, total) in enumerate(zip(g.completion_ids, g.texts, g.rewards)):
             row = g.prompt_index * r.group_size + j
             scores = {**{k: v[j] for k, v in g.components.items()}, "total": total}
             records.append({
                 "prompt_id": g.example.id, "sample": j, "answer": g.example.answer, "completion": text,
-                "tokens": len(ids), "truncated": not ids or ids[-1] not in policy.eos_token_ids,
+                "tokens": len(ids), "truncated": truncated[j],
                 "logprob_sum": float(logprobs[row].sum()), "rewards": scores,
                 "success": None if g.success is None else g.success[j],
             })

@@ -3,9 +3,9 @@
 Completions come from a rollout engine (:mod:`mmgpg.rollout`), the same seam training samples through.
 
 Training rewards and evaluation share one implementation: a task's ``rewards`` are the per-sample scores here (and
-its optional ``metrics(completion, example)`` adds more). A task with a ``judge(completion, example, protocol)``
-is scored by it (the anchors' evaluation rule under ``protocol="paper"``), and its ``aggregate`` turns the judged
-records into the reported metrics; a task without one is scored by the mean of each reward.
+its :meth:`~mmgpg.task.Task.metrics` adds more). A task with a :meth:`~mmgpg.task.Task.judge` is scored by it (the
+anchors' evaluation rule under ``protocol="paper"``); :meth:`~mmgpg.task.Task.aggregate` turns the judged records
+into the reported metrics (the mean of each reward for a task without a judge).
 """
 
 from __future__ import annotations
@@ -19,31 +19,20 @@ from typing import Any
 import torch
 
 from mmgpg.jsonl import finite_json
+from mmgpg.judges import Judgement
 from mmgpg.rollout import RolloutEngine, Sampling
-from mmgpg.task import Example
+from mmgpg.task import Example, Task
 
 
-def score_sample(task: Any, completion: str, example: Example) -> dict[str, float]:
+def score_sample(task: Task, completion: str, example: Example) -> dict[str, float]:
     """Every reward of the task plus its extra ``metrics`` for one completion."""
     scores = {name: float(fn(completion, example)) for name, fn in task.rewards.items()}
-    extra = getattr(task, "metrics", None)
-    if callable(extra):
-        scores.update({k: float(v) for k, v in extra(completion, example).items()})
+    scores.update({k: float(v) for k, v in task.metrics(completion, example).items()})
     return scores
 
 
-def aggregate_scores(task: Any, per_sample: Sequence[dict[str, float]]) -> dict[str, float]:
-    """For a task without a judge: its ``aggregate`` of the reward dicts if it has one, else the mean of every score."""
-    custom = getattr(task, "aggregate", None)
-    if callable(custom) and not callable(getattr(task, "judge", None)):
-        return dict(custom(list(per_sample)))
-    if not per_sample:
-        return {}
-    return {k: sum(s[k] for s in per_sample) / len(per_sample) for k in per_sample[0]}
-
-
 @torch.no_grad()
-def sampled_scores(engine: RolloutEngine, task: Any, examples: Sequence[Example], *, samples: int,
+def sampled_scores(engine: RolloutEngine, task: Task, examples: Sequence[Example], *, samples: int,
                    temperature: float = 1.0,
                    batch_size: int = 32, max_new_tokens: int = 64, protocol: str = "paper") -> dict[str, float]:
     """Mean of each score over ``samples`` completions per example at ``temperature`` (mean@k: the success rate of
@@ -59,33 +48,31 @@ def sampled_scores(engine: RolloutEngine, task: Any, examples: Sequence[Example]
     return judged_metrics(task, per_sample)
 
 
-def judge_output(task: Any, completion: str, example: Example, protocol: str) -> dict[str, Any]:
+def judge_output(task: Task, completion: str, example: Example, protocol: str) -> dict[str, Any]:
     """One output's record: the task judge's decision under ``protocol`` (``correct``, ``extracted``, ...) and every
     training reward under ``rewards``. A task without a judge is judged by its rewards (``correct`` = ``accuracy``)."""
     rewards = score_sample(task, completion, example)
-    judge = getattr(task, "judge", None)
-    if callable(judge):
-        decision = dict(judge(completion, example, protocol))
-    else:
-        decision = {"correct": rewards.get("accuracy", rewards.get(next(iter(rewards), ""), 0.0)), "extracted": ""}
-    return {**decision, "rewards": rewards}
+    decision = task.judge(completion, example, protocol)
+    if decision is None:
+        return {"correct": rewards.get("accuracy", rewards.get(next(iter(rewards), ""), 0.0)), "extracted": "",
+                "rewards": rewards}
+    return {**Judgement.coerce(decision, f"task {task.name!r} judge()").record(), "rewards": rewards}
 
 
-def judged_metrics(task: Any, records: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """The task's metrics over judged records: its ``aggregate`` of the judge decisions when it has a judge, else the
-    mean of each reward; plus the mean of every training reward as ``reward/<name>`` for judged tasks."""
+def judged_metrics(task: Task, records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The task's :meth:`~mmgpg.task.Task.aggregate` of the judged records, plus, for a task with a judge, the mean
+    of every training reward as ``reward/<name>``."""
     if not records:
         return {}
-    rewards = [r["rewards"] for r in records]
-    if not callable(getattr(task, "judge", None)):
-        return aggregate_scores(task, rewards)
     metrics = dict(task.aggregate(list(records)))
-    metrics.update({f"reward/{k}": sum(s[k] for s in rewards) / len(rewards) for k in rewards[0]})
+    if task.overrides("judge"):
+        rewards = [r["rewards"] for r in records]
+        metrics.update({f"reward/{k}": sum(s[k] for s in rewards) / len(rewards) for k in rewards[0]})
     return metrics
 
 
 @torch.no_grad()
-def evaluate(engine: RolloutEngine, task: Any, examples: Sequence[Example], *, batch_size: int = 32,
+def evaluate(engine: RolloutEngine, task: Task, examples: Sequence[Example], *, batch_size: int = 32,
              max_new_tokens: int = 64, protocol: str = "paper") -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Greedy-decode every example (batched) and judge it; return ``(metrics, per-sample records)``.
 
@@ -96,30 +83,25 @@ def evaluate(engine: RolloutEngine, task: Any, examples: Sequence[Example], *, b
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
     records: list[dict[str, Any]] = []
-    fields = getattr(task, "record_fields", None)
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
         out = engine.generate([task.prompt(ex) for ex in chunk], 1, Sampling.greedy(max_new_tokens))
         for ex, text, mask in zip(chunk, out.texts, out.completion_mask):
-            extra = fields(ex) if callable(fields) else {"question": ex.question, "ground_truth": ex.answer}
-            records.append({"id": ex.id, **extra, "model_output": text, "tokens": int(mask.sum()),
+            records.append({"id": ex.id, **task.record_fields(ex), "model_output": text, "tokens": int(mask.sum()),
                             **judge_output(task, text, ex, protocol)})
     metrics = judged_metrics(task, records)
-    mask_metrics = getattr(task, "mask_metrics", None)
-    if callable(mask_metrics):
-        metrics.update(mask_metrics(records, list(examples), protocol))
+    metrics.update(task.mask_metrics(records, list(examples), protocol))
     metrics["num_samples"] = float(len(records))
     return metrics, records
 
 
-def rescore(task: Any, rows: Sequence[dict[str, Any]], protocol: str, *,
+def rescore(task: Task, rows: Sequence[dict[str, Any]], protocol: str, *,
             lines: Sequence[int] | None = None) -> tuple[dict[str, float], list[dict], int]:
     """Judge existing outputs without a model: each row needs ``id``, ``model_output`` and the fields of the task's
     ``example_from_record`` (``ground_truth``, and e.g. ``choices``/``category`` for CV-Bench). A row that cannot be
     judged (wrong types, a judge that fails on it, ...) is skipped and counted, never dropped silently: its record
     holds the line, the id and the reason (``skipped``). ``lines`` are the rows' line numbers in the file."""
-    build = getattr(task, "example_from_record", None)
-    if not callable(build):
+    if not task.overrides("example_from_record"):
         raise ValueError(f"task {task.name!r} cannot re-score predictions: it has no example_from_record(record)")
     records, skipped = [], 0
     for number, row in zip(lines or range(1, len(rows) + 1), rows):
@@ -127,7 +109,7 @@ def rescore(task: Any, rows: Sequence[dict[str, Any]], protocol: str, *,
             problem = prediction_row_problem(row, task)
             if problem:
                 raise ValueError(problem)
-            example = build(row)
+            example = task.example_from_record(row)
             judged = judge_output(task, row["model_output"], example, protocol)
         except Exception as err:  # noqa: BLE001 - a task's parser or judge failing on one row skips that row only
             skipped += 1
@@ -144,7 +126,7 @@ def rescore(task: Any, rows: Sequence[dict[str, Any]], protocol: str, *,
 _SCALAR = (str, int, float)
 
 
-def prediction_row_problem(row: Any, task: Any) -> str:
+def prediction_row_problem(row: Any, task: Task) -> str:
     """Why a predictions row cannot be judged, or ``""``: the generic type checks every task relies on."""
     import math
 
@@ -167,7 +149,7 @@ def prediction_row_problem(row: Any, task: Any) -> str:
         return f"question must be a string; got {type(row['question']).__name__}"
     if "choices" in row and not (isinstance(row["choices"], list) and all(isinstance(c, str) for c in row["choices"])):
         return f"choices must be a list of strings; got {type(row['choices']).__name__}"
-    known = tuple(getattr(task, "categories", ()) or ())
+    known = tuple(task.categories)
     if "category" in row and (not isinstance(row["category"], str) or (known and row["category"] not in known)):
         return f"unknown category {row['category']!r}; {task.name} has " + ", ".join(known or ("text categories",))
     for key in ("width", "height"):

@@ -1,15 +1,19 @@
 """Judges: one decision per model output, under a named protocol, shared by the task plugins.
 
 ``paper`` reproduces the anchor's evaluation script exactly, quirks included; ``strict`` answers the same question
-without the quirks. Each judge returns a dict with at least ``correct`` (1.0/0.0, or the task's score) and
-``extracted`` (the answer it read, ``""`` when none) and ``parse_failure`` (1.0 when no answer could be read).
+without the quirks. Each judge returns a :class:`Judgement`: ``correct`` (1.0/0.0, or the task's score such as a
+box IoU), ``extracted`` (the answer it read, ``""`` when none) and ``parse_failure`` (no answer could be read).
 Section numbers (§) refer to ``shared/research/anchors-tasks.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from mmgpg import mathjudge
 from mmgpg.rewards import (
@@ -35,8 +39,57 @@ def check_protocol(protocol: str) -> str:
     return protocol
 
 
-def _result(correct: bool | float, extracted: str, failed: bool) -> dict:
-    return {"correct": float(correct), "extracted": extracted, "parse_failure": float(failed)}
+@dataclass(frozen=True)
+class Judgement:
+    """One judge decision on one model output.
+
+    ``correct`` is 1.0/0.0 for exact-match judges and the score itself for graded ones (a box judge's IoU);
+    ``extracted`` the answer the judge read (``""`` when none); ``parse_failure`` whether no answer could be read;
+    ``box`` the box read, in the model's units (box judges; the mask metrics prompt SAM with it); ``fields`` task
+    extras written to ``predictions.jsonl`` beside the decision (e.g. CV-Bench's ``category``).
+    """
+
+    correct: float
+    extracted: str = ""
+    parse_failure: bool = False
+    box: tuple[float, ...] | None = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "correct", float(self.correct))
+        if not math.isfinite(self.correct):
+            raise ValueError(f"a judgement's score must be a finite number; got {self.correct}")
+
+    def with_fields(self, **fields: Any) -> Judgement:
+        """This judgement with task extras added to :attr:`fields`."""
+        return dataclasses.replace(self, fields={**self.fields, **fields})
+
+    def record(self) -> dict[str, Any]:
+        """The decision as a ``predictions.jsonl`` record's fields (``parse_failure`` as 0.0/1.0, so that a
+        metric can sum it)."""
+        out: dict[str, Any] = {"correct": self.correct, "extracted": self.extracted,
+                               "parse_failure": float(self.parse_failure)}
+        if self.box is not None:
+            out["box"] = list(self.box)
+        return {**out, **self.fields}
+
+    @classmethod
+    def coerce(cls, decision: Judgement | Mapping[str, Any], who: str) -> Judgement:
+        """A task's judge result as a :class:`Judgement`; a mapping with ``correct`` (a plugin written against the
+        dict API) is converted, anything else is an error naming ``who``."""
+        if isinstance(decision, Judgement):
+            return decision
+        if isinstance(decision, Mapping) and "correct" in decision:
+            extras = {k: v for k, v in decision.items() if k not in ("correct", "extracted", "parse_failure", "box")}
+            box = decision.get("box")
+            return cls(float(decision["correct"]), str(decision.get("extracted", "")),
+                       bool(decision.get("parse_failure", 0.0)), None if box is None else tuple(box), extras)
+        raise TypeError(f"{who} must return a mmgpg.judges.Judgement (or a mapping with 'correct'); "
+                        f"got {type(decision).__name__}")
+
+
+def _result(correct: bool | float, extracted: str, failed: bool, box: Sequence[float] | None = None) -> Judgement:
+    return Judgement(float(correct), extracted, bool(failed), None if box is None else tuple(box))
 
 
 # ---- math answers (GEOQA, §3.4) ------------------------------------------------------------------------------------
@@ -63,7 +116,7 @@ def geo_latex(answer: str) -> str:
     return text.strip()
 
 
-def math_judge(output: str, ground_truth: str, protocol: str) -> dict:
+def math_judge(output: str, ground_truth: str, protocol: str) -> Judgement:
     """``paper``: ``verify(parse(output), parse(ground_truth))`` on the *whole* output — the value math-verify picks
     may come from the reasoning, ``<answer>40</answer>`` extracts nothing (no space before the number), ``9π`` is 9,
     and 17 of the 754 test answers can never be judged correct. ``strict``: the ``<answer>`` content only, both sides
@@ -81,7 +134,7 @@ def math_judge(output: str, ground_truth: str, protocol: str) -> dict:
 # ---- multiple choice (CV-Bench, §2.4) -----------------------------------------------------------------------------
 
 
-def choice_judge(output: str, choices: Sequence[str], answer: str, protocol: str) -> dict:
+def choice_judge(output: str, choices: Sequence[str], answer: str, protocol: str) -> Judgement:
     """``paper``: the ``<answer>\\s*(.*?)\\s*</answer>`` group (no DOTALL; the whole output when missing or empty) is
     parsed by math-verify with the letters A–F (four spellings) and the option texts as extraction strings, then
     verified against the right letter and option text — so ``"Left"`` for option ``left`` extracts nothing and
@@ -101,7 +154,7 @@ def choice_judge(output: str, choices: Sequence[str], answer: str, protocol: str
 # ---- class labels (fine-grained classification, §4.4) ------------------------------------------------------------
 
 
-def label_judge(output: str, label: str, protocol: str) -> dict:
+def label_judge(output: str, label: str, protocol: str) -> Judgement:
     """``paper``: the ``<answer>(.*?)</answer>`` group (no DOTALL) must exist (else wrong, counted as a parse
     failure), then the bidirectional substring test after removing ASCII spaces and ``_`` and lower-casing — an
     empty answer is correct. The group is *not* stripped (the anchor does not strip it): a tab or U+00A0 stays, so
@@ -120,7 +173,7 @@ def label_judge(output: str, label: str, protocol: str) -> dict:
 
 
 def box_judge(output: str, gold_box: Sequence[float], image_size: tuple[int, int], protocol: str, *,
-              scale: tuple[float, float]) -> dict:
+              scale: tuple[float, float]) -> Judgement:
     """Box IoU ``I / (A + B − I + 1e-6)`` of the predicted box, divided by ``scale`` (the full width and height of the
     model's box units: ``(1000, 1000)`` for Qwen2-VL, the resized image size for Qwen2.5-VL pixels), against
     ``gold_box`` (pixels of the original image) divided by ``image_size = (width, height)``. ``paper``: the anchors'
@@ -140,12 +193,10 @@ def box_judge(output: str, gold_box: Sequence[float], image_size: tuple[int, int
         return _result(0.0, "", True)
     box = boxes[0]
     pred = (box[0] / sx, box[1] / sy, box[2] / sx, box[3] / sy)
-    out = _result(box_iou(pred, gold, eps=1e-6), ",".join(f"{v:g}" for v in box), False)
-    out["box"] = list(box)
-    return out
+    return _result(box_iou(pred, gold, eps=1e-6), ",".join(f"{v:g}" for v in box), False, box)
 
 
-def _paper_box_decision(output: str, gold: tuple[float, ...], sx: float, sy: float) -> dict:
+def _paper_box_decision(output: str, gold: tuple[float, ...], sx: float, sy: float) -> Judgement:
     """The anchors' rule (§5.4): the first box anywhere (:func:`mmgpg.rewards.paper_first_box`), ``int(x) / 1000``
     (integer true division, so numbers up to ~1e311 still divide and larger ones raise as theirs do), their
     ``compute_iou`` (:func:`mmgpg.rewards.paper_box_iou`); every failure is IoU 0. ``box`` is recorded (for the
@@ -158,7 +209,5 @@ def _paper_box_decision(output: str, gold: tuple[float, ...], sx: float, sy: flo
         pred = (box[0] / sx, box[1] / sy, box[2] / sx, box[3] / sy)
     except OverflowError:  # the anchors' int / 1000 raises too: IoU 0
         return _result(0.0, "", True)
-    out = _result(paper_box_iou(pred, gold) + 0.0, ",".join(str(v) for v in box), False)  # + 0.0: no -0.0
-    if all(v < 1e15 for v in box):
-        out["box"] = list(box)
-    return out
+    recorded = box if all(v < 1e15 for v in box) else None
+    return _result(paper_box_iou(pred, gold) + 0.0, ",".join(str(v) for v in box), False, recorded)  # + 0.0: no -0.0

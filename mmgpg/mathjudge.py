@@ -237,11 +237,6 @@ def parse_verify(pred: str, gold: str) -> tuple[bool, str]:
     return worker().run("parse_verify", [(_text(pred), _text(gold))])[0]
 
 
-def parse_verify_many(pairs: list[tuple[str, str]]) -> list[tuple[bool, str]]:
-    """:func:`parse_verify` for many pairs in one round trip."""
-    return worker().run("parse_verify", [(_text(p), _text(g)) for p, g in pairs])
-
-
 def choice(response: str, choices: list[str], letter: str) -> tuple[bool, str]:
     """The CV-Bench anchor judge (see the module docstring)."""
     return worker().run("choice", [(_text(response), [_text(c) for c in choices], _text(letter))])[0]

@@ -58,16 +58,16 @@ def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
         findings.append(Finding("prompts", "error", f"{type(err).__name__}: {err}"))
     if cfg.model.lora.rank > 0 and policy is not None:
         findings.append(lora_finding(policy.model, cfg.model.lora))
-    gold_fn = getattr(task, "gold_completion", None)
+    has_gold = task.overrides("gold_completion")
     probes = dict(PROBES)
     for ex in items[:2]:
         answers = dict(probes)
-        if callable(gold_fn):
-            answers["gold"] = gold_fn(ex)
+        if has_gold:
+            answers["gold"] = task.gold_completion(ex)
         else:
             findings.append(Finding("gold", "warn", "the task has no gold_completion(example): SFT and this probe "
                                                     "cannot use gold answers"))
-        protocols = getattr(task, "protocols", ("paper",)) if callable(getattr(task, "judge", None)) else ("paper",)
+        protocols = task.protocols if task.overrides("judge") else ("paper",)
         for label, text in answers.items():
             for protocol in protocols:
                 try:

@@ -84,7 +84,7 @@ def probe(cfg, source: str, *, split: str, samples: int, limit: int | None, succ
 
 
 def check_success(task, success_threshold: float | None) -> None:
-    if getattr(task, "success", None) is None and success_threshold is None:
+    if not task.overrides("success") and success_threshold is None:
         raise ValueError(f"task {task.name!r} declares no binary success (no success method); pass "
                          "--success-threshold T to count completions with total reward >= T as successes")
 

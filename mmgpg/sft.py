@@ -12,7 +12,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from mmgpg import lora, resume
 from mmgpg.backends import OptimizerSettings, build_backend
@@ -22,18 +21,18 @@ from mmgpg.modelload import load_for_training
 from mmgpg.policy import CompletionBatch, Policy, pad_completions
 from mmgpg.rollout import build_engine
 from mmgpg.stream import PromptStream
-from mmgpg.task import Example, SkipBadRows, build_task, first_items
+from mmgpg.task import Example, SkipBadRows, Task, build_task, first_items
 from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
 
 # torch.optim.AdamW's default weight decay, which mmgpg sft has always used (its demo numbers depend on it).
 SFT_WEIGHT_DECAY = 0.01
 
 
-def gold_rollout(policy: Policy, task: Any, examples: list[Example]) -> CompletionBatch:
+def gold_rollout(policy: Policy, task: Task, examples: list[Example]) -> CompletionBatch:
     """The examples' prompts with their gold completions as a one-completion-per-prompt :class:`CompletionBatch`."""
-    gold = getattr(task, "gold_completion", None)
-    if not callable(gold):
+    if not task.overrides("gold_completion"):
         raise TypeError(f"task {task.name!r} has no gold_completion(example) -> str, so it cannot be used for SFT")
+    gold = task.gold_completion
     batch = policy.encode_prompts([task.prompt(ex) for ex in examples])
     tok = policy.processor.tokenizer
     end = policy.eos_token_ids[0]

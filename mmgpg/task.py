@@ -1,21 +1,22 @@
-"""Tasks: the plugin interface and the registry that finds plugins.
+"""Tasks: the contract between mmgpg and a task plugin, and the registry that finds plugins.
 
-A task is any class with this shape (no base class needed)::
+:class:`Task` declares every member mmgpg uses — training (rewards, success), evaluation (judge, aggregate, record
+fields, mask metrics, re-scoring), SFT (gold completion) and pre-flight — with its default. Subclass it and override
+what your task has::
 
-    class MyTask:
-        name = "my_task"
-        version = "1"
+    @dataclass
+    class MyTask(Task):
+        name: ClassVar[str] = "my_task"
+        size: int = 100                                  # dataclass fields are the task's options (task.size=...)
+
+        def __post_init__(self):
+            self.rewards = {"accuracy": my_accuracy}     # named, pure, total fns (completion, example) -> float
+
         def load(self, split: str) -> Sequence[Example]: ...
-        def prompt(self, example: Example) -> list[dict]: ...        # chat messages with image parts
-        rewards: Mapping[str, Callable[[str, Example], float]]       # named, pure, total reward functions
-        def metrics(self, completion: str, example: Example) -> dict[str, float]: ...   # optional
-        def aggregate(self, per_sample: list[dict[str, float]]) -> dict[str, float]: ...  # optional (mean)
-        def success(self, completion: str, example: Example, rewards: Mapping[str, float]) -> bool: ...  # optional
+        def prompt(self, example: Example) -> list[dict]: ...      # chat messages with image parts
 
-``success`` is the task's *binary* notion of "this completion solved the prompt" (``rewards`` are the completion's
-named rewards and their ``total``). Per-prompt success records (``prompt_success.jsonl``) and the success
-diagnostics use it; a task without it records ``null`` there. A continuous reward (an IoU, GIoU + 1) is not a
-success by itself: such a task states its threshold.
+A class with the same members that does not subclass :class:`Task` still works: mmgpg mixes :class:`Task`'s defaults
+in behind it (:func:`find_task_class`).
 
 If the class is a dataclass, its fields are the task's options, set flat under ``task:`` in the config
 (``task.num_train=500``) and type-checked like every other field.
@@ -25,6 +26,8 @@ Where tasks come from:
 * the entry-point group ``mmgpg.tasks`` — the built-ins (``tasks/`` in the repository, installed as the package
   ``mmgpg_tasks``) are registered this way in ``pyproject.toml``, and so can any other installed package;
 * ``path/to/file.py:ClassName`` — a task defined in a local file, no packaging needed.
+
+Tasks whose answers are judged by the anchors' rules build on :class:`mmgpg.judged.JudgedTask`.
 """
 
 from __future__ import annotations
@@ -37,9 +40,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from mmgpg.schema import ConfigError, Problem, did_you_mean, from_dict
+
+if TYPE_CHECKING:
+    from mmgpg.judges import Judgement
 
 ENTRY_POINT_GROUP = "mmgpg.tasks"
 
@@ -58,15 +64,78 @@ class Example:
 RewardFn = Callable[[str, Example], float]
 
 
-@runtime_checkable
-class Task(Protocol):
-    name: str
-    version: str
+class Task:
+    """The task contract. Required: ``name``, ``rewards``, :meth:`load`, :meth:`prompt`; every other member has the
+    default written here (``version`` "1", no judge, no success definition, no gold completion, ...)."""
+
+    name: ClassVar[str] = ""
+    """Registry name (also written to every run's and evaluation's metadata)."""
+    version: ClassVar[str] = "1"
+    """Bump when prompts, rewards or judging change, so results stay comparable."""
+    protocols: ClassVar[tuple[str, ...]] = ("paper",)
+    """Judge protocols ``mmgpg eval --protocol`` accepts for this task (and pre-flight probes)."""
+    categories: ClassVar[tuple[str, ...]] = ()
+    """The values a predictions row's ``category`` may take (empty: the task has no categories)."""
     rewards: Mapping[str, RewardFn]
+    """Named reward functions ``fn(completion, example) -> float`` (pure, total, finite); set per instance."""
 
-    def load(self, split: str) -> Sequence[Example]: ...
+    def load(self, split: str) -> Sequence[Example]:
+        """The examples of ``split`` (a :class:`LazyExamples` when images should load only when used)."""
+        raise NotImplementedError(f"task {self.name!r} must implement load(split)")
 
-    def prompt(self, example: Example) -> list[dict]: ...
+    def prompt(self, example: Example) -> list[dict]:
+        """The chat conversation for one example: messages whose content holds image and text parts."""
+        raise NotImplementedError(f"task {self.name!r} must implement prompt(example)")
+
+    def metrics(self, completion: str, example: Example) -> Mapping[str, float]:
+        """Extra per-sample evaluation scores besides the rewards (default: none)."""
+        return {}
+
+    def judge(self, completion: str, example: Example, protocol: str) -> Judgement | None:
+        """The evaluation decision for one output under ``protocol`` (default None: the task has no judge and is
+        evaluated by its rewards, ``correct`` = the ``accuracy`` reward)."""
+        return None
+
+    @classmethod
+    def overrides(cls, hook: str) -> bool:
+        """Whether the task defines ``hook`` itself instead of using the default here (e.g. ``"judge"``)."""
+        return getattr(cls, hook) is not getattr(Task, hook)
+
+    def aggregate(self, records: list[dict[str, Any]]) -> dict[str, float]:
+        """The reported metrics over judged records (each has the judgement's fields and ``rewards``). Default: with
+        a judge, ``accuracy`` = mean ``correct`` and ``parse_failures`` = how many outputs had no readable answer;
+        without one, the mean of each reward and metric."""
+        if not records:
+            return {}
+        n = len(records)
+        if self.overrides("judge"):
+            return {"accuracy": sum(r["correct"] for r in records) / n,
+                    "parse_failures": float(sum(r.get("parse_failure", 0.0) for r in records))}
+        scores = [r["rewards"] for r in records]
+        return {k: sum(s[k] for s in scores) / n for k in scores[0]}
+
+    def mask_metrics(self, records: list[dict[str, Any]], examples: list[Example], protocol: str) -> dict[str, float]:
+        """Metrics that need the examples' images after judging (LISA's SAM mask gIoU/cIoU); may add fields to the
+        records. Default: none."""
+        return {}
+
+    def record_fields(self, example: Example) -> dict[str, Any]:
+        """The fields of a ``predictions.jsonl`` row that :meth:`example_from_record` needs to re-judge it."""
+        return {"question": example.question, "ground_truth": example.answer}
+
+    def example_from_record(self, record: dict[str, Any]) -> Example:
+        """An example rebuilt from a predictions row, for ``mmgpg eval --predictions`` (default: not supported)."""
+        raise NotImplementedError(f"task {self.name!r} has no example_from_record(record)")
+
+    def success(self, completion: str, example: Example, rewards: Mapping[str, float]) -> bool | None:
+        """Binary "this completion solved the prompt" (``rewards``: the completion's named rewards and ``total``),
+        used by prompt_success.jsonl and the success diagnostics. Default None: not defined (recorded as null). A
+        continuous reward (an IoU) is not a success by itself: such a task states its threshold."""
+        return None
+
+    def gold_completion(self, example: Example) -> str | None:
+        """The gold answer in the task's output format, for SFT and pre-flight (default None: SFT unavailable)."""
+        return None
 
 
 class TaskNotFound(LookupError):
@@ -125,11 +194,25 @@ def find_task_class(name: str) -> type:
         except (Exception, SystemExit) as err:
             raise TaskNotFound(f"Task {name!r} ({tasks[name].value}) failed to import: {type(err).__name__}: {err}.",
                                "reinstall the package that provides it.") from err
-    missing = [a for a in ("name", "version", "load", "prompt") if not hasattr(cls, a)]
+    if not isinstance(cls, type):
+        raise TaskNotFound(f"{name!r} is a {type(cls).__name__}, not a class.", "point at a Task subclass.")
+    if issubclass(cls, Task):
+        missing = [m for m in ("load", "prompt") if getattr(cls, m) is getattr(Task, m)]
+        if not cls.name:
+            missing.insert(0, "name")
+    else:
+        missing = [a for a in ("name", "load", "prompt") if not hasattr(cls, a)]
     if missing:
         raise TaskNotFound(f"{name!r} is not a task: it lacks {', '.join(missing)}.",
-                           "see the Task protocol in mmgpg/task.py.")
-    return cls
+                           "subclass mmgpg.task.Task and define them (see its docstring).")
+    return cls if issubclass(cls, Task) else _with_task_defaults(cls)
+
+
+def _with_task_defaults(cls: type) -> type:
+    """A class that does not subclass :class:`Task`, with Task's defaults behind its own members (its dataclass
+    fields, docs and methods are unchanged)."""
+    return type(cls.__name__, (cls, Task), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                            "__doc__": cls.__doc__})
 
 
 def options_problems(cls: type, options: Mapping[str, Any]):
@@ -145,7 +228,7 @@ def options_problems(cls: type, options: Mapping[str, Any]):
     return problems
 
 
-def build_task(name: str, options: Mapping[str, Any] | None = None):
+def build_task(name: str, options: Mapping[str, Any] | None = None) -> Task:
     """Instantiate a task with validated options (raises :class:`mmgpg.schema.ConfigError`)."""
     cls = find_task_class(name)
     options = dict(options or {})
@@ -166,13 +249,13 @@ def first_items(items: Sequence[Example], limit: int | None) -> list[Example]:
     return list(items[:n])
 
 
-def task_success(task: Any, completion: str, example: Example, rewards: Mapping[str, float]) -> bool | None:
-    """The task's binary success of one completion, or None when the task declares no ``success``."""
-    fn = getattr(task, "success", None)
-    return None if fn is None else bool(fn(completion, example, rewards))
+def task_success(task: Task, completion: str, example: Example, rewards: Mapping[str, float]) -> bool | None:
+    """The task's binary success of one completion, or None when the task defines none."""
+    result = task.success(completion, example, rewards)
+    return None if result is None else bool(result)
 
 
-def task_rewards(task: Any, completion: str, example: Example) -> dict[str, float]:
+def task_rewards(task: Task, completion: str, example: Example) -> dict[str, float]:
     """Every named reward of ``task`` for one completion; ``total`` is their sum. A reward that is not a finite
     number is a bug in the task and raises (it would poison advantages and the update silently)."""
     scores = {name: float(fn(completion, example)) for name, fn in task.rewards.items()}
@@ -256,149 +339,3 @@ def good_items(items: Sequence[Example], limit: int | None, on_bad_row: str) -> 
 def image_parts(example: Example) -> list[dict]:
     """The example's images as chat content parts."""
     return [{"type": "image", "image": im} for im in example.images]
-
-
-@dataclass
-class JudgedTask:
-    """Shared plumbing for tasks with anchor judges (every field is a task option).
-
-    A subclass sets ``name``, ``version``, ``splits`` and implements ``example(split, index)``,
-    ``accuracy_reward(completion, example, protocol)``, ``judge(completion, example, protocol)``,
-    ``example_from_record(record)`` and ``gold_completion(example)``. Its rewards are ``accuracy`` and ``format``
-    under ``reward_protocol``; ``mmgpg eval --protocol`` chooses the judge's protocol independently.
-    """
-
-    reward_protocol: str = "strict"
-    """Protocol of the training rewards: `strict` (hardened; rejects the anchors' reward hacks) or `paper`."""
-    format_reward: bool = True
-    """Include the format reward besides accuracy (the anchors sum both)."""
-
-    name: ClassVar[str] = ""
-    version: ClassVar[str] = "1"
-    protocols: ClassVar[tuple[str, ...]] = ("paper", "strict")
-    splits: ClassVar[tuple[str, ...]] = ("train", "test")
-    format_prefix: ClassVar[str] = ""
-    categories: ClassVar[tuple[str, ...]] = ()
-    """The values a record's ``category`` may take (empty: the task has no categories, any text is kept)."""
-
-    def __post_init__(self):
-        if self.reward_protocol not in self.protocols:
-            raise ValueError(f"reward_protocol must be one of {', '.join(self.protocols)}; got {self.reward_protocol!r}")
-        protocol = self.reward_protocol
-        self.rewards = {"accuracy": lambda completion, ex: self.accuracy_reward(completion, ex, protocol)}
-        if self.format_reward:
-            self.rewards["format"] = lambda completion, ex: self.format_score(completion, protocol)
-
-    def format_score(self, completion: str, protocol: str) -> float:
-        from mmgpg.rewards import format_reward, strict_format_reward
-
-        rule = format_reward if protocol == "paper" else strict_format_reward
-        return rule(completion, prefix=self.format_prefix)
-
-    def source_rows(self, split: str) -> Sequence[Any]:
-        """The raw records of a split (a subclass that uses the default :meth:`load` implements this)."""
-        raise NotImplementedError(f"{type(self).__name__} implements neither load() nor source_rows()")
-
-    def rows(self, split: str) -> Sequence[Any]:
-        """:meth:`source_rows`, read once per split and kept."""
-        self.check_split(split)
-        cache = self.__dict__.setdefault("_rows_cache", {})
-        if split not in cache:
-            cache[split] = self.source_rows(split)
-        return cache[split]
-
-    def load(self, split: str) -> Sequence[Example]:
-        rows = self.rows(split)
-        return LazyExamples(len(rows), lambda i: self.checked_example(split, i, rows))
-
-    def checked_example(self, split: str, index: int, rows: Sequence[Any]) -> Example:
-        """:meth:`example` of row ``index``; any failure becomes one :class:`~mmgpg.taskdata.DataError` naming the
-        file and line (or task, split and row), the row's id and the task's own message (field, image path)."""
-        from mmgpg.taskdata import BadRow, DataError, DataNotFound
-
-        source, lines = getattr(rows, "source", ""), getattr(rows, "lines", None)
-        where = (f"{source}:{lines[index]}" if source and lines else f"{source} row {index}" if source
-                 else f"{self.name} {split} row {index}")
-        row = rows[index]
-        if isinstance(row, BadRow):
-            raise DataError(f"{where}: {row.reason}")
-        if not isinstance(row, dict):
-            raise DataError(f"{where}: a row must be a JSON object with the task's fields; got {type(row).__name__}")
-        try:
-            return self.example(split, index, row)
-        except (DataError, DataNotFound, ValueError, KeyError, IndexError, TypeError, AttributeError, OSError) as err:
-            if isinstance(err, DataNotFound):  # missing files stay FileNotFoundErrors (with the download advice)
-                raise DataNotFound(f"{where}: {err}") from None
-            detail = str(err) if isinstance(err, (DataError, ValueError)) else f"{type(err).__name__}: {err}"
-            raise DataError(f"{where}: {detail}") from None
-
-    def check_split(self, split: str) -> None:
-        if split not in self.splits:
-            raise ValueError(f"{self.name} has splits {', '.join(self.splits)}; got {split!r}")
-
-    def prompt(self, example: Example) -> list[dict]:
-        messages = []
-        system = example.meta.get("system")
-        if system:
-            messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
-        messages.append({"role": "user", "content": image_parts(example) + [{"type": "text", "text": example.question}]})
-        return messages
-
-    def success(self, completion: str, example: Example, rewards: Mapping[str, float]) -> bool:
-        """Success = the task's judge, under the training rewards' protocol, calls the answer correct
-        (``correct >= 1``). Box tasks override this with an IoU threshold."""
-        return float(self.judge(completion, example, self.reward_protocol)["correct"]) >= 1.0
-
-    def aggregate(self, per_sample: list[dict[str, Any]]) -> dict[str, float]:
-        """``accuracy`` = mean of ``correct``; ``parse_failures`` = how many outputs had no readable answer."""
-        n = len(per_sample)
-        return {"accuracy": sum(r["correct"] for r in per_sample) / n if n else 0.0,
-                "parse_failures": float(sum(r.get("parse_failure", 0.0) for r in per_sample))}
-
-
-TEXT_FIELDS = frozenset({"problem", "solution", "question", "prompt", "class", "task", "category", "text"})
-"""Fields that are text in every schema mmgpg reads: a number or a list there is a data error, not a prompt."""
-GOLD_FIELDS = frozenset({"answer", "ground_truth"})
-"""Gold answers: text, a finite number, or a list of numbers (a box)."""
-
-
-def require(record: dict, keys: Sequence[str], what: str) -> None:
-    """Raise a clear :class:`~mmgpg.taskdata.DataError` when a record lacks a field its schema needs or a field has
-    the wrong type (:data:`TEXT_FIELDS` text, :data:`GOLD_FIELDS` text/number/boxes, ``messages`` a non-empty list
-    of ``{"content": text}``, ``choices`` a list of text, ``images`` a non-empty list)."""
-    from mmgpg.taskdata import DataError
-
-    if not isinstance(record, dict):
-        raise DataError(f"{what}: a record must be an object with fields {', '.join(keys)}; got {type(record).__name__}")
-    rid = record.get("id", record.get("idx", "?"))
-    missing = [k for k in keys if k not in record or record[k] is None]
-    if missing:
-        raise DataError(f"{what}: record {rid!r} lacks {', '.join(missing)}; "
-                        f"it has {', '.join(sorted(map(str, record))) or 'no fields'}")
-    for key in keys:
-        problem = _field_problem(key, record[key])
-        if problem:
-            raise DataError(f"{what}: record {rid!r}: field {key!r} {problem}")
-
-
-def _field_problem(key: str, value: Any) -> str:
-    import math
-
-    kind = type(value).__name__
-    if key in TEXT_FIELDS and not isinstance(value, str):
-        return f"must be text; got {kind} {str(value)[:40]!r}"
-    if key in GOLD_FIELDS:
-        items = value if isinstance(value, list) else [value]
-        if not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in items) or (
-                isinstance(value, list) and not all(isinstance(v, (int, float)) for v in items)):
-            return f"must be text, a number or a list of numbers; got {kind} {str(value)[:40]!r}"
-        if any(isinstance(v, float) and not math.isfinite(v) for v in items):
-            return "is not a finite number"
-    if key == "messages" and not (isinstance(value, list) and value and all(
-            isinstance(m, dict) and isinstance(m.get("content"), str) for m in value)):
-        return "must be a non-empty list of {\"role\": ..., \"content\": text} messages"
-    if key == "choices" and not (isinstance(value, list) and all(isinstance(c, str) for c in value)):
-        return f"must be a list of option texts; got {kind}"
-    if key == "images" and not (isinstance(value, list) and value):
-        return f"must be a non-empty list of images; got {kind}"
-    return ""

@@ -17,7 +17,6 @@ The phase names are the timer names (``time/rollout``, ``time/advantages``, ``ti
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from mmgpg.config import Config, Resolved, save_config
 from mmgpg.modelload import load_for_training, load_policy_for
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, pad_completions
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
+from mmgpg.runlog import RunLog
 from mmgpg.stream import PromptStream
 from mmgpg.task import SkipBadRows, build_task, first_items
 from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
@@ -105,6 +105,9 @@ class Trainer:
         self.backend.prepare(model, self._optimizer_settings())
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
         self.sampling = Sampling.from_config(cfg.rollout)
+        a = cfg.algo  # the algorithm's functions with their hyper-parameters bound once
+        self.advantage_fn = algorithms.bind(algorithms.ADVANTAGES[a.advantage], std_eps=a.std_eps)
+        self.token_loss_fn = algorithms.bind(algorithms.TOKEN_LOSSES[a.token_loss], clip_eps=a.clip_eps)
         if checkpoint is not None:
             self._resume(checkpoint)
         if self.dist.is_main:
@@ -113,7 +116,7 @@ class Trainer:
                 save_config(self.resolved, self.run_dir, "train")
         distributed.barrier()
         self.stopper = GracefulStop(lambda: self.state.step + 1, announce=self.dist.is_main)
-        self.tb = self.wandb = None
+        self.runlog: RunLog | None = None
 
     # ---- set-up helpers -------------------------------------------------------------------------------------------
 
@@ -175,7 +178,7 @@ class Trainer:
         a, G = self.cfg.algo, self.cfg.rollout.group_size
         if groups:
             rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
-            for g, adv in zip(groups, algorithms.ADVANTAGES[a.advantage](rewards, a.std_eps).tolist()):
+            for g, adv in zip(groups, self.advantage_fn(rewards).tolist()):
                 g.advantages = adv
         total = distributed.sum_counts({"num_samples": len(groups) * G,
                                         "num_zero_variance": sum(G for g in groups if g.zero_variance),
@@ -218,15 +221,14 @@ class Trainer:
         """Backward of this rank's micro-batches (loss = (α · Σ policy + kl_coef · Σ KL) / global denominator), then
         the gradients summed over ranks. Returns this rank's (policy, KL) loss parts."""
         a = self.cfg.algo
-        token_loss = algorithms.TOKEN_LOSSES[a.token_loss]
         alpha = counts.alpha if counts.alpha is not None else 1.0  # B == M: the policy term is 0 anyway
         policy_total = kl_total = 0.0
         for (r, adv), old_lp, ref_lp in zip(micro, old, ref):
             logp = self._logprobs(self.policy, r)
             adv = adv.to(logp.device)
             mask = r.completion_mask.to(logp.device)
-            loss = alpha * algorithms.token_loss_sum(token_loss(logp, adv, old_lp, a.clip_eps), mask,
-                                                     a.aggregation) / counts.denominator
+            per_token = self.token_loss_fn(logp, adv) if old_lp is None else self.token_loss_fn(logp, adv, old_logp=old_lp)
+            loss = alpha * algorithms.token_loss_sum(per_token, mask, a.aggregation) / counts.denominator
             policy_total += float(loss.detach())
             if ref_lp is not None:
                 kl_term = a.kl_coef * algorithms.token_loss_sum(algorithms.KL_ESTIMATORS[a.kl_estimator](logp, ref_lp),
@@ -323,7 +325,7 @@ class Trainer:
         summed = distributed.sum_counts({
             "completions": len(generated) * G, "reward": sum(sum(g.rewards) for g in generated),
             "tokens": sum(g.num_tokens for g in generated),
-            "truncated": sum(not c or c[-1] not in eos for g in generated for c in g.completion_ids),
+            "truncated": sum(sum(g.truncated(eos)) for g in generated),
             **{f"reward/{name}": sum(sum(g.components[name]) for g in generated) for name in names}},
             self.backend.comm_device)
         n = max(summed["completions"], 1.0)
@@ -341,36 +343,10 @@ class Trainer:
 
     # ---- logging --------------------------------------------------------------------------------------------------
 
-    def _open_writers(self) -> None:
-        self.tb = self.wandb = None
-        if not self.dist.is_main:
-            return
-        if self.cfg.train.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=self.state.step + 1)
-        if self.cfg.train.wandb:
-            import wandb
-
-            from mmgpg.config import to_dict
-
-            self.wandb = wandb.init(project=self.cfg.train.wandb_project, dir=str(self.run_dir),
-                                    config=to_dict(self.cfg), resume="allow")
-
     def _log(self, metrics: dict[str, Any]) -> None:
-        if not self.dist.is_main:
-            return
         if getattr(self.dataset, "skipped", None):  # data.on_bad_row=skip: rows rank 0 skipped so far
             metrics["data/skipped_rows"] = len(self.dataset.skipped)
-        with open(self.run_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(metrics) + "\n")
-        step = metrics["step"]
-        if self.tb is not None:
-            for k, v in metrics.items():
-                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step)
-        if self.wandb is not None:
-            self.wandb.log(metrics, step=step)
+        self.runlog.log(metrics)
 
     def _write_success_records(self, generated: list[Group]) -> None:
         """One record per generated group (every rank, every attempt) in prompt_success.jsonl: whether it entered
@@ -431,11 +407,8 @@ class Trainer:
     def train(self) -> Path:
         """Run until ``train.max_steps``; save at ``save_every``, at the end, and at a SIGTERM/SIGINT step boundary."""
         cfg = self.cfg
-        self._open_writers()
+        self.runlog = RunLog(self.run_dir, cfg, start_step=self.state.step, is_main=self.dist.is_main)
         self.stopper.__enter__()
-        progress = _Progress(cfg.train.max_steps, self.state.step, enabled=cfg.train.progress and self.dist.is_main)
-        if not self.dist.is_main:
-            progress.note = lambda text: None  # type: ignore[method-assign]
         try:
             if cfg.train.eval_every and self.state.step == 0:
                 self._log({"step": 0, **self.evaluate()})
@@ -447,7 +420,6 @@ class Trainer:
                                              or self.state.step == cfg.train.max_steps):
                     metrics.update(self.evaluate())
                 self._log(metrics)
-                progress.update(metrics)
                 if cfg.train.probe_every and self.state.step % cfg.train.probe_every == 0:
                     self.probe()
                 last = self.state.step >= cfg.train.max_steps
@@ -455,46 +427,9 @@ class Trainer:
                 if last or stop or (cfg.train.save_every and self.state.step % cfg.train.save_every == 0):
                     self.save()
                 if stop:
-                    progress.note(f"stopped by signal at step {self.state.step}; checkpoint saved")
+                    self.runlog.note(f"stopped by signal at step {self.state.step}; checkpoint saved")
                     break
         finally:
-            progress.close()
+            self.runlog.close()
             self.stopper.__exit__()
-            if self.tb is not None:
-                self.tb.close()
-            if self.wandb is not None:
-                self.wandb.finish()
         return self.run_dir
-
-
-class _Progress:
-    """A rich progress bar with step, reward, valid fraction, α and s/step (rank 0 only)."""
-
-    def __init__(self, total: int, start: int, enabled: bool):
-        self.bar = None
-        if not enabled:
-            return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                            TimeRemainingColumn())
-        self.task = self.bar.add_task("train", total=total, completed=start, info="")
-        self.bar.start()
-
-    def update(self, m: dict[str, Any]) -> None:
-        if self.bar is None:
-            return
-        alpha = "-" if m["gpg/alpha"] is None else f"{m['gpg/alpha']:.2f}"
-        info = (f"reward {m['reward/total']:.3f}  valid {m['gpg/valid_fraction']:.2f}  α {alpha}  "
-                f"{m['time/step']:.2f} s/step")
-        self.bar.update(self.task, completed=m["step"], info=info)
-
-    def note(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.console.print(text)
-        else:
-            print(text, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()

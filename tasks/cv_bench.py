@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mmgpg import mathjudge
-from mmgpg.judges import choice_judge
+from mmgpg.judged import JudgedTask, require
+from mmgpg.judges import Judgement, choice_judge
 from mmgpg.rewards import LETTERS, extract_answer, sat_string_reward, strict_choice, strict_label_match
-from mmgpg.task import Example, JudgedTask, image_parts, require
+from mmgpg.task import Example, image_parts
 from mmgpg.taskdata import load_records, open_image
 
 R1_ZERO = ("A conversation between User and Assistant. The user asks a question about the image, and the Assistant "
@@ -113,7 +114,7 @@ class CVBenchTask(JudgedTask):
         against the solution, else :func:`mmgpg.rewards.sat_string_reward`. ``strict``: the answer tag names
         exactly the right option (by text or letter). Test items (lettered answers) use the judge."""
         if "solution" not in example.meta:
-            return self.judge(completion, example, protocol)["correct"]
+            return self.judge(completion, example, protocol).correct
         if protocol == "paper":
             if mathjudge.parse_verify(completion, example.meta["solution"])[0]:
                 return 1.0
@@ -123,10 +124,9 @@ class CVBenchTask(JudgedTask):
             return strict_label_match(extract_answer(completion), example.answer)
         return float(strict_choice(extract_answer(completion), choices, LETTERS[choices.index(example.answer)])[0])
 
-    def judge(self, completion: str, example: Example, protocol: str) -> dict:
+    def judge(self, completion: str, example: Example, protocol: str) -> Judgement:
         out = choice_judge(completion, example.meta["choices"], example.answer, protocol)
-        out["category"] = example.meta.get("category", "")
-        return out
+        return out.with_fields(category=example.meta.get("category", ""))
 
     def aggregate(self, per_sample: list[dict[str, Any]]) -> dict[str, float]:
         """``total`` = Σ correct / N over all items; ``<category>`` = Σ correct / n within it (the anchor's

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mmgpg import mathjudge
-from mmgpg.judges import label_judge
+from mmgpg.judged import JudgedTask, require
+from mmgpg.judges import Judgement, label_judge
 from mmgpg.rewards import answer_or_whole, extract_answer, paper_label_match, strict_label_match
-from mmgpg.task import Example, JudgedTask, require
+from mmgpg.task import Example
 from mmgpg.taskdata import load_records, open_image, shipped
 
 DATASETS = {
@@ -116,7 +117,7 @@ class FineGrainedTask(JudgedTask):
             return paper_label_match(answer_or_whole(completion, dotall=False), example.answer)
         return strict_label_match(extract_answer(completion), example.answer)
 
-    def judge(self, completion: str, example: Example, protocol: str) -> dict:
+    def judge(self, completion: str, example: Example, protocol: str) -> Judgement:
         return label_judge(completion, example.answer, protocol)
 
     def example_from_record(self, record: dict) -> Example:

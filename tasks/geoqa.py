@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from mmgpg import mathjudge
-from mmgpg.judges import math_judge
+from mmgpg.judged import JudgedTask, require
+from mmgpg.judges import Judgement, math_judge
 from mmgpg.rewards import answer_or_whole
-from mmgpg.task import Example, JudgedTask, require
+from mmgpg.task import Example
 from mmgpg.taskdata import load_records, open_image, shipped
 
 SUFFIX = "Output the thinking process in <think> </think> and final answer (number) in <answer> </answer> tags."
@@ -81,9 +82,9 @@ class GeoQATask(JudgedTask):
             if mathjudge.parse_verify(completion, solution)[0]:
                 return 1.0
             return 1.0 if answer_or_whole(completion, dotall=False) == answer_or_whole(solution, dotall=False) else 0.0
-        return math_judge(completion, gold, "strict")["correct"]
+        return math_judge(completion, gold, "strict").correct
 
-    def judge(self, completion: str, example: Example, protocol: str) -> dict:
+    def judge(self, completion: str, example: Example, protocol: str) -> Judgement:
         return math_judge(completion, example.meta["ground_truth"], protocol)
 
     def example_from_record(self, record: dict) -> Example:

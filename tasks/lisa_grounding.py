@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmgpg.judges import box_judge
+from mmgpg.judged import JudgedTask, require
+from mmgpg.judges import Judgement, box_judge
 from mmgpg.rewards import box_text, paper_box_reward, pixels_to_norm1000, rescale_box, strict_box_reward
-from mmgpg.task import Example, JudgedTask, LazyExamples, require
+from mmgpg.task import Example, LazyExamples
 from mmgpg.taskdata import DataNotFound, open_image
 
 TRAIN_TEMPLATE = ("{Question} Output the thinking process in <think> </think> and your grouding box. Following "
@@ -156,13 +157,12 @@ class LisaGroundingTask(JudgedTask):
 
     def success(self, completion: str, example: Example, rewards) -> bool:
         """Box IoU (the judge under the reward protocol) >= ``success_iou``."""
-        return float(self.judge(completion, example, self.reward_protocol)["correct"]) >= self.success_iou
+        return float(self.judge(completion, example, self.reward_protocol).correct) >= self.success_iou
 
-    def judge(self, completion: str, example: Example, protocol: str) -> dict:
+    def judge(self, completion: str, example: Example, protocol: str) -> Judgement:
         w, h = example.meta["width"], example.meta["height"]
         out = box_judge(completion, example.answer, (w, h), protocol, scale=self.units(w, h))
-        out["iou"] = out["correct"]
-        return out
+        return out.with_fields(iou=out.correct)
 
     def aggregate(self, per_sample: list[dict[str, Any]]) -> dict[str, float]:
         """``miou`` = mean box IoU over every item (failures count 0), as ``merge_eval.py``."""

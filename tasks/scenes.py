@@ -28,7 +28,8 @@ from mmgpg_tasks.fine_grained import classification_question
 from mmgpg_tasks.shapes import COLOURS, SIZES, draw_scene
 from PIL import Image
 
-from mmgpg.judges import box_judge, choice_judge, label_judge, math_judge
+from mmgpg.judged import JudgedTask
+from mmgpg.judges import Judgement, box_judge, choice_judge, label_judge, math_judge
 from mmgpg.rewards import (
     LETTERS,
     box_text,
@@ -38,7 +39,7 @@ from mmgpg.rewards import (
     pixels_to_norm1000,
     strict_box_reward,
 )
-from mmgpg.task import Example, JudgedTask, LazyExamples
+from mmgpg.task import Example, LazyExamples
 
 KINDS = ("count_mc", "count", "relation", "colour", "grounding")
 TAGS = "Output the thinking process in <think> </think> and final answer in <answer> </answer> tags."
@@ -109,11 +110,10 @@ class ScenesTask(JudgedTask):
         return Example(ident, [image], text, f"({LETTERS[options.index(right)]})",
                        {"choices": options, "category": category})
 
-    def judge(self, completion: str, example: Example, protocol: str) -> dict:
+    def judge(self, completion: str, example: Example, protocol: str) -> Judgement:
         if self.kind in ("count_mc", "relation"):
             out = choice_judge(completion, example.meta["choices"], example.answer, protocol)
-            out["category"] = example.meta["category"]
-            return out
+            return out.with_fields(category=example.meta["category"])
         if self.kind == "count":
             return math_judge(completion, example.answer, protocol)
         if self.kind == "colour":
@@ -123,7 +123,7 @@ class ScenesTask(JudgedTask):
 
     def success(self, completion: str, example: Example, rewards) -> bool:
         """The judge's decision; for ``grounding`` (whose judge returns the IoU), IoU >= 0.5."""
-        correct = float(self.judge(completion, example, self.reward_protocol)["correct"])
+        correct = float(self.judge(completion, example, self.reward_protocol).correct)
         return correct >= (0.5 if self.kind == "grounding" else 1.0)
 
     def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
@@ -134,7 +134,7 @@ class ScenesTask(JudgedTask):
             return strict_box_reward(completion, pixels_to_norm1000(example.answer, w, h))
         if self.kind == "colour" and protocol == "paper":
             return paper_label_match(extract_answer(completion) or completion, example.answer)
-        return self.judge(completion, example, protocol)["correct"]
+        return self.judge(completion, example, protocol).correct
 
     def aggregate(self, per_sample: list[dict[str, Any]]) -> dict[str, float]:
         metrics = super().aggregate(per_sample)
@@ -216,9 +216,9 @@ class DigitsTask(JudgedTask):
                        {"classes": list(DIGITS)})
 
     def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
-        return self.judge(completion, example, protocol)["correct"]
+        return self.judge(completion, example, protocol).correct
 
-    def judge(self, completion: str, example: Example, protocol: str) -> dict:
+    def judge(self, completion: str, example: Example, protocol: str) -> Judgement:
         return label_judge(completion, example.answer, protocol)
 
     def example_from_record(self, record: dict) -> Example:

@@ -25,7 +25,7 @@ from typing import ClassVar
 from PIL import Image, ImageDraw
 
 from mmgpg.rewards import format_reward, integer_accuracy, parse_int
-from mmgpg.task import Example, LazyExamples, image_parts
+from mmgpg.task import Example, LazyExamples, Task, image_parts
 
 BACKGROUND = (123, 117, 104)
 COLOURS = {
@@ -73,7 +73,7 @@ def draw_scene(rng: random.Random, width: int, height: int, count: int, size_ran
 
 
 @dataclass
-class ShapesTask:
+class ShapesTask(Task):
     """Count shapes in procedurally drawn images (embedded; no downloads)."""
 
     name: ClassVar[str] = "shapes"

@@ -181,3 +181,17 @@ def test_grpo_single_update_gradient_is_gpg_with_zscored_advantages_plus_kl():
                           + beta * aggregate_tokens(kl_k3(lp, ref_logp), mask, "seq_mean_token_mean"))
     torch.testing.assert_close(grpo, gpg_plus_kl, atol=1e-12, rtol=0)
     assert grpo.abs().sum() > 0
+
+
+def test_bind_gives_each_function_only_the_hyper_parameters_it_declares():
+    """Hyper-parameters are bound once by keyword; a function that has no use for one never receives it."""
+    from mmgpg.algorithms import bind, group_mean_advantages, group_zscore_advantages, reinforce_token_loss
+
+    rewards = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    gpg = bind(group_mean_advantages, std_eps=123.0)
+    assert gpg.keywords == {} and gpg(rewards).tolist() == [[0.5, -0.5]]
+    # GRPO: 0.5 / (std + eps) with the unbiased std sqrt(0.5) = 0.70711 and eps 0.5: 0.5 / 1.20711 = 0.41421
+    grpo = bind(group_zscore_advantages, std_eps=0.5)
+    assert grpo.keywords == {"std_eps": 0.5}
+    assert grpo(rewards)[0].tolist() == pytest.approx([0.41421356, -0.41421356])
+    assert bind(reinforce_token_loss, clip_eps=0.2).keywords == {}

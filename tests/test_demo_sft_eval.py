@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mmgpg.evaluate import aggregate_scores, evaluate
+from mmgpg.evaluate import evaluate
 from mmgpg.modelload import load_policy
 from mmgpg.rollout.hf import HFEngine
 from mmgpg.sft import gold_rollout
@@ -64,7 +64,7 @@ def test_evaluation_is_greedy_and_deterministic(tiny_dirs):
     assert [r["model_output"] for r in a] == [r["model_output"] for r in b]
     with pytest.raises(ValueError):
         evaluate(engine, task, items, batch_size=0)
-    assert aggregate_scores(task, []) == {}
+    assert task.aggregate([]) == {}
 
 
 def test_demo_quick_end_to_end_and_plot(tmp_path):

@@ -84,7 +84,7 @@ def test_every_reward_and_judge_is_total_and_bounded():
                 slowest[task.name] = max(slowest.get(task.name, 0.0), took)
             for protocol in ("paper", "strict") if run_judges else ():
                 decision, took = _timed(task.judge, text, example, protocol)
-                assert 0.0 <= decision["correct"] <= 1.0 and isinstance(decision["extracted"], str)
+                assert 0.0 <= decision.correct <= 1.0 and isinstance(decision.extracted, str)
                 assert took < bound, (task.name, protocol, len(text), took)
     print("slowest call per task (s):", {k: round(v, 3) for k, v in slowest.items()})
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mmgpg.cli import main
-from mmgpg.judges import math_judge
+from mmgpg.judges import Judgement, math_judge
 
 EXCERPT = Path(__file__).resolve().parent / "fixtures" / "geoqa_grpo_log_excerpt.jsonl"
 
@@ -33,9 +33,9 @@ def test_paper_judge_reproduces_the_log():
     mismatches = []
     for row in _rows():
         decision = math_judge(row["model_output"], row["ground_truth"], "paper")
-        if decision["correct"] != float(row["logged_is_correct"]) or decision["extracted"] != row["logged_extracted"]:
+        if decision.correct != float(row["logged_is_correct"]) or decision.extracted != row["logged_extracted"]:
             mismatches.append((row["id"], row["ground_truth"], row["logged_is_correct"], row["logged_extracted"],
-                               decision["correct"], decision["extracted"]))
+                               decision.correct, decision.extracted))
     assert not mismatches, mismatches
 
 
@@ -44,7 +44,7 @@ def test_irrational_answers_are_read_by_their_leading_number(item, extracted):
     # `2√{13}` and `4πcm` are parsed as 2 and 4, so `2√10` and `4 * pi` count as correct (logged so, too)
     row = next(r for r in _rows() if r["id"] == item)
     decision = math_judge(row["model_output"], row["ground_truth"], "paper")
-    assert row["logged_is_correct"] and decision == {"correct": 1.0, "extracted": extracted, "parse_failure": 0.0}
+    assert row["logged_is_correct"] and decision == Judgement(1.0, extracted, parse_failure=False)
 
 
 def test_eval_cli_rescores_the_excerpt_to_the_logged_accuracy(tmp_path):

@@ -39,32 +39,32 @@ def _png(path, size=(64, 48), colour=(200, 30, 30)):
     ("", ["left", "right"], "(A)", False),
 ])
 def test_cv_bench_judge_probes(response, choices, answer, correct):
-    assert choice_judge(f"<think>x</think><answer>{response}</answer>", choices, answer, "paper")["correct"] == correct
+    assert choice_judge(f"<think>x</think><answer>{response}</answer>", choices, answer, "paper").correct == correct
 
 
 def test_cv_bench_strict_fixes_the_quirks():
-    assert choice_judge("<answer>Left</answer>", ["left", "right"], "(A)", "strict")["correct"] == 1.0
-    assert choice_judge("<answer>The answer is B</answer>", ["left", "right"], "(A)", "strict")["correct"] == 0.0
-    assert choice_judge("<answer>A or B</answer>", ["left", "right"], "(A)", "strict")["correct"] == 0.0
+    assert choice_judge("<answer>Left</answer>", ["left", "right"], "(A)", "strict").correct == 1.0
+    assert choice_judge("<answer>The answer is B</answer>", ["left", "right"], "(A)", "strict").correct == 0.0
+    assert choice_judge("<answer>A or B</answer>", ["left", "right"], "(A)", "strict").correct == 0.0
 
 
 def test_geoqa_judge_probes():
     # parse("<answer>140°</answer>") = [] but parse("<answer> 140° </answer>") = [140]
-    assert math_judge("<answer>140°</answer>", "140°", "paper")["correct"] == 0.0
-    assert math_judge("<answer> 140° </answer>", "140°", "paper")["correct"] == 1.0
-    assert math_judge("<answer>140°</answer>", "140°", "strict")["correct"] == 1.0
-    assert math_judge("<answer> 2 </answer>", "2√{15}米", "paper")["correct"] == 1.0  # √ collapses to 2
-    assert math_judge("<answer> 2 </answer>", "2√{15}米", "strict")["correct"] == 0.0
-    assert math_judge("<answer>2√{15}</answer>", "2√{15}米", "strict")["correct"] == 1.0
+    assert math_judge("<answer>140°</answer>", "140°", "paper").correct == 0.0
+    assert math_judge("<answer> 140° </answer>", "140°", "paper").correct == 1.0
+    assert math_judge("<answer>140°</answer>", "140°", "strict").correct == 1.0
+    assert math_judge("<answer> 2 </answer>", "2√{15}米", "paper").correct == 1.0  # √ collapses to 2
+    assert math_judge("<answer> 2 </answer>", "2√{15}米", "strict").correct == 0.0
+    assert math_judge("<answer>2√{15}</answer>", "2√{15}米", "strict").correct == 1.0
 
 
 def test_classification_judge_probes():
-    assert label_judge("<answer></answer>", "pink primrose", "paper")["correct"] == 1.0  # the empty-answer quirk
-    assert label_judge("<answer>rose</answer>", "pink primrose", "paper")["correct"] == 1.0
-    assert label_judge("pink primrose", "pink primrose", "paper")["correct"] == 0.0  # no tag: an error in the anchor
-    assert label_judge("<answer>a\npink primrose</answer>", "pink primrose", "paper")["correct"] == 0.0  # no DOTALL
-    assert label_judge("<answer></answer>", "pink primrose", "strict")["correct"] == 0.0
-    assert label_judge("<answer>Pink Primrose</answer>", "pink primrose", "strict")["correct"] == 1.0
+    assert label_judge("<answer></answer>", "pink primrose", "paper").correct == 1.0  # the empty-answer quirk
+    assert label_judge("<answer>rose</answer>", "pink primrose", "paper").correct == 1.0
+    assert label_judge("pink primrose", "pink primrose", "paper").correct == 0.0  # no tag: an error in the anchor
+    assert label_judge("<answer>a\npink primrose</answer>", "pink primrose", "paper").correct == 0.0  # no DOTALL
+    assert label_judge("<answer></answer>", "pink primrose", "strict").correct == 0.0
+    assert label_judge("<answer>Pink Primrose</answer>", "pink primrose", "strict").correct == 1.0
 
 
 # ---- GEOQA --------------------------------------------------------------------------------------------------------
@@ -216,8 +216,8 @@ def test_lisa_on_reasonseg_fixtures(tmp_path):
     assert "instruction: the object. Output the thinking" in test.question
     # gold (0.25, 0.25, 0.75, 0.75); prediction (0.25, 0.25, 0.5, 0.75): IoU = 0.125 / 0.25 = 0.5
     judged = task.judge("<think>(250,250),(500,750)</think><answer>(0,0),(1,1)</answer>", test, "paper")
-    assert judged["correct"] == pytest.approx(0.5, abs=1e-5)  # the first box anywhere wins (paper)
-    assert task.judge("<think>(250,250),(500,750)</think><answer>(0,0),(1,1)</answer>", test, "strict")["correct"] < 1e-4
+    assert judged.correct == pytest.approx(0.5, abs=1e-5)  # the first box anywhere wins (paper)
+    assert task.judge("<think>(250,250),(500,750)</think><answer>(0,0),(1,1)</answer>", test, "strict").correct < 1e-4
     qwen25 = build_task("lisa_grounding", {"data_root": str(tmp_path), "box_format": "qwen2_5_vl"})
     assert qwen25.units(200, 100) == (196.0, 112.0)  # smart_resize to multiples of 28
     rows = [{**task.record_fields(test), "id": test.id, "model_output": "<answer>(250,250),(750,750)</answer>"}]
@@ -234,8 +234,8 @@ def test_scenes_gold_answers_are_judged_correct(kind):
     for ex in task.load("test"):
         assert ex == task.load("test")[int(ex.id.rsplit("-", 1)[1])]  # deterministic
         for protocol in ("paper", "strict"):
-            assert task.judge(task.gold_completion(ex), ex, protocol)["correct"] > 0.95
-            assert task.judge("<think></think><answer>zzz</answer>", ex, protocol)["correct"] == 0.0
+            assert task.judge(task.gold_completion(ex), ex, protocol).correct > 0.95
+            assert task.judge("<think></think><answer>zzz</answer>", ex, protocol).correct == 0.0
 
 
 def test_digits_are_real_images():
@@ -360,4 +360,4 @@ def test_check_cli(tmp_path, capsys):
 ])
 def test_geoqa_strict_normal_form(pred, gt, correct):
     """Units with exponents and a spelled-out pi (cases found by replaying R1-V's GRPO log, tests/test_geoqa_log.py)."""
-    assert math_judge(f"<answer>{pred}</answer>", gt, "strict")["correct"] == correct
+    assert math_judge(f"<answer>{pred}</answer>", gt, "strict").correct == correct

@@ -185,8 +185,8 @@ def test_quirk_table_cv_bench(output, choices, answer, authors, strict):
     from mmgpg.judges import choice_judge
 
     assert cv_correct(output, choices, answer) == authors
-    assert choice_judge(output, choices, answer, "paper")["correct"] == authors
-    assert choice_judge(output, choices, answer, "strict")["correct"] == strict
+    assert choice_judge(output, choices, answer, "paper").correct == authors
+    assert choice_judge(output, choices, answer, "strict").correct == strict
 
 
 @pytest.mark.parametrize(("output", "label", "authors", "strict"), FG_ROWS)
@@ -194,8 +194,8 @@ def test_quirk_table_fine_grained(output, label, authors, strict):
     from mmgpg.judges import label_judge
 
     assert cls_correct(output, label) == authors
-    assert label_judge(output, label, "paper")["correct"] == authors
-    assert label_judge(output, label, "strict")["correct"] == strict
+    assert label_judge(output, label, "paper").correct == authors
+    assert label_judge(output, label, "strict").correct == strict
 
 
 @pytest.mark.parametrize(("output", "authors", "strict"), LISA_ROWS)
@@ -204,5 +204,5 @@ def test_quirk_table_lisa(output, authors, strict):
 
     gold, size = (50, 25, 150, 75), (200, 100)
     assert lisa_iou(output, gold, size) == pytest.approx(authors, abs=1e-5)
-    assert box_judge(output, gold, size, "paper", scale=(1000, 1000))["correct"] == pytest.approx(authors, abs=1e-5)
-    assert box_judge(output, gold, size, "strict", scale=(1000, 1000))["correct"] == pytest.approx(strict, abs=1e-5)
+    assert box_judge(output, gold, size, "paper", scale=(1000, 1000)).correct == pytest.approx(authors, abs=1e-5)
+    assert box_judge(output, gold, size, "strict", scale=(1000, 1000)).correct == pytest.approx(strict, abs=1e-5)

@@ -68,8 +68,12 @@ def test_task_from_a_local_file(tmp_path):
         find_task_class(f"{broken}:X")
     notask = tmp_path / "notask.py"
     notask.write_text("class X:\n    name = 'x'\n")
-    with pytest.raises(TaskNotFound, match="lacks version, load, prompt"):
+    with pytest.raises(TaskNotFound, match="lacks load, prompt"):
         find_task_class(f"{notask}:X")
+    halfway = tmp_path / "halfway.py"
+    halfway.write_text("from mmgpg.task import Task\nclass H(Task):\n    def load(self, split):\n        return []\n")
+    with pytest.raises(TaskNotFound, match="lacks name, prompt"):
+        find_task_class(f"{halfway}:H")
     norewards = tmp_path / "norewards.py"
     norewards.write_text(USER_TASK.replace("self.rewards = {", "self.other = {"))
     with pytest.raises(TaskNotFound, match="has no rewards"):
@@ -143,3 +147,40 @@ def test_rewards_are_total_on_any_text(text, gold):
     for fn in task.rewards.values():
         assert fn(text, ex) in (0.0, 1.0)
     assert fn(f"<think>{text}</think><answer>{gold}</answer>", ex) == 1.0
+
+
+def test_a_task_that_does_not_subclass_task_gets_the_contract_defaults(tmp_path):
+    """USER_TASK (duck-typed) behaves as a Task: every hook the evaluator, SFT and diagnostics call exists."""
+    from mmgpg.evaluate import judge_output, judged_metrics
+    from mmgpg.task import Task
+
+    path = tmp_path / "my_task.py"
+    path.write_text(USER_TASK)
+    task = build_task(f"{path}:Parity", {"size": 2})
+    assert isinstance(task, Task) and type(task).__name__ == "Parity" and task.version == "0"
+    ex = task.load("train")[0]
+    assert not task.overrides("judge") and not task.overrides("success") and not task.overrides("gold_completion")
+    assert task.success(" yes", ex, {"accuracy": 1.0}) is None and task.gold_completion(ex) is None
+    assert task.record_fields(ex) == {"question": "Is 0 even?", "ground_truth": "yes"}
+    records = [judge_output(task, text, ex, "paper") for text in (" yes", "no")]
+    assert records[0] == {"correct": 1.0, "extracted": "", "rewards": {"accuracy": 1.0}}
+    assert judged_metrics(task, records) == {"accuracy": 0.5}  # no judge: the mean of each reward
+
+
+def test_a_judge_result_must_be_a_judgement_or_a_mapping_with_correct(tmp_path):
+    from mmgpg.evaluate import judge_output
+
+    path = tmp_path / "my_task.py"
+    path.write_text(USER_TASK + """
+    def judge(self, completion, example, protocol):
+        if completion == "bad":
+            return 1.0
+        return {"correct": float(completion.strip() == example.answer), "extracted": completion.strip(), "why": "x"}
+""")
+    task = build_task(f"{path}:Parity", {"size": 2})
+    ex = task.load("train")[0]
+    record = judge_output(task, " yes", ex, "paper")  # a dict-returning judge (the pre-Judgement API) still works
+    assert record == {"correct": 1.0, "extracted": "yes", "parse_failure": 0.0, "why": "x",
+                      "rewards": {"accuracy": 1.0}}
+    with pytest.raises(TypeError, match="task 'parity' judge\\(\\) must return a mmgpg.judges.Judgement"):
+        judge_output(task, "bad", ex, "paper")

@@ -44,14 +44,14 @@ def expected_ascent(z: float, G: int, *, P: int = 1, advantage: str = "group_mea
         num_samples, num_zero = P * G, G * int(A.zero_variance_mask(rewards).sum())
         if num_samples == num_zero and beta == 0:
             continue  # the trainer skips the step
-        adv = A.ADVANTAGES[advantage](rewards, std_eps).reshape(-1)
+        adv = A.bind(A.ADVANTAGES[advantage], std_eps=std_eps)(rewards).reshape(-1)
         a = A.gpg_alpha(num_samples, num_zero) if alpha and num_samples > num_zero else 1.0
         success = rewards.reshape(-1, 1) == 1.0
         logp = torch.where(success, torch.nn.functional.logsigmoid(zt), torch.nn.functional.logsigmoid(-zt))
         ref = torch.where(success, torch.tensor(ref_s, dtype=torch.float64), torch.tensor(ref_f, dtype=torch.float64))
         mask = torch.ones_like(logp, dtype=torch.bool)
         den = A.aggregation_denominator(aggregation, num_samples, num_samples, 1)
-        loss = a * A.token_loss_sum(A.TOKEN_LOSSES[token_loss](logp, adv, None, 0.2), mask, aggregation) / den
+        loss = a * A.token_loss_sum(A.bind(A.TOKEN_LOSSES[token_loss], clip_eps=0.2)(logp, adv), mask, aggregation) / den
         if beta > 0:
             loss = loss + beta * A.token_loss_sum(A.KL_ESTIMATORS[estimator](logp, ref), mask, aggregation) / den
         (g,) = torch.autograd.grad(loss, zt)

@@ -47,6 +47,11 @@ class Group:
     def num_tokens(self) -> int:
         return sum(len(c) for c in self.completion_ids)
 
+    def truncated(self, eos_token_ids: Sequence[int]) -> list[bool]:
+        """Per completion: cut at ``max_new_tokens`` (it does not end with any EOS id; an empty one counts too)."""
+        eos = set(eos_token_ids)
+        return [not ids or ids[-1] not in eos for ids in self.completion_ids]
+
 
 def score_group(task, example: Example, out: CompletionBatch, p: int, *, attempt: int = 0,
                 zero_variance_tol: float = 0.0) -> Group:
