@@ -4,6 +4,7 @@ Layout of ``<output_dir>/checkpoints/step-00000010/``::
 
     policy/                    # model.save_pretrained + processor.save_pretrained: loads in plain transformers / vLLM
     trainer_state.pt           # optimizer, scheduler, step, data stream, counters (rank 0)
+    engine/                    # train.backend=deepspeed only: DeepSpeed's save_checkpoint (partitioned optimizer state)
     rng_rank{R}.pt             # Python, NumPy and torch RNG states of rank R
     COMPLETE                   # written last; a directory without it is never used
 
@@ -101,6 +102,8 @@ def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
     state = _safe_load(checkpoint / "trainer_state.pt", mmap=True)
     if not isinstance(state, dict) or not {"optimizer", "scheduler", "stream", "counters"} <= set(state):
         raise CheckpointError("trainer_state.pt lacks the optimizer, scheduler, stream or counters")
+    if "deepspeed" in state and not (checkpoint / "engine").is_dir():
+        raise CheckpointError("engine/ (DeepSpeed's optimizer state) is missing")
     for rank in range(meta["world_size"]):
         rng = _safe_load(checkpoint / f"rng_rank{rank}.pt")
         if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
@@ -202,13 +205,17 @@ def remove_checkpoint(path: Path) -> None:
 
 
 def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: dict[str, Any], keep_last: int,
-                    extra_files: dict[str, str] | None = None) -> Path:
+                    extra_files: dict[str, str] | None = None, backend=None) -> Path:
     """Write checkpoint ``step`` (collective: every rank calls it) and prune to the newest ``keep_last``.
 
-    ``extra_files`` (name → text) are written beside the state by rank 0 (the resolved config)."""
+    ``extra_files`` (name → text) are written beside the state by rank 0 (the resolved config). ``backend``
+    (optional) supplies the full weights when the model's own are partitioned (``full_state_dict``, gathered on every
+    rank, written by rank 0) and writes its own state into ``engine/`` (``save_engine_state``, every rank). A LoRA
+    policy is written merged (``policy/``) and as its adapter (``adapter/``)."""
     from mmgpg.lora import ADAPTER_DIR, is_lora, save_adapter, save_policy
 
     info = distributed.current()
+    full = backend.full_state_dict() if backend is not None else None
     root = checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
@@ -217,13 +224,15 @@ def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: di
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
-            save_policy(policy, tmp / "policy")  # merged: loads in plain transformers / vLLM
+            save_policy(policy, tmp / "policy", full)  # merged / gathered: loads in plain transformers and vLLM
             if is_lora(policy):
                 save_adapter(policy, tmp / ADAPTER_DIR)
             torch.save(trainer_state, tmp / "trainer_state.pt")
             for name, text in (extra_files or {}).items():
                 (tmp / name).write_text(text, encoding="utf-8")
         distributed.barrier()
+        if backend is not None:
+            backend.save_engine_state(tmp / "engine")
         torch.save(rng_state(), tmp / f"rng_rank{info.rank}.pt")
         distributed.barrier()
         if info.is_main:

@@ -332,6 +332,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     eval_cli.add_parsers(sub, _add_config_args)
     theory_cli.add_parsers(sub, _add_config_args)
+    from mmgpg.rollout.vllm_server import add_parser as add_vllm_serve
+
+    add_vllm_serve(sub)
     return parser
 
 

@@ -106,7 +106,31 @@ class RolloutConfig:
     """Keep only the k most likely tokens; 0 disables it (exactly on-policy). The GPG authors' code sampled with 50."""
     engine: str = "hf"
     """Rollout engine that generates completions (training, evaluation, `mmgpg sample`): hf = Hugging Face generate
-    with the policy's own weights."""
+    with the policy's own weights; vllm = vLLM, weights synced after every optimizer step (docs/install.md)."""
+    vllm_server: str = ""
+    """URL of a running `mmgpg vllm-serve` (http://127.0.0.1:PORT); empty = one vLLM engine in each trainer process."""
+    vllm_server_timeout: float = 600.0
+    """Seconds to wait for the vLLM server's health check at start-up and for each of its replies."""
+    vllm_sync_dir: str = ""
+    """Server mode: folder both processes see for the weights of each sync; empty = a new one under /dev/shm."""
+    vllm_dtype: str = "auto"
+    """Weights dtype inside vLLM (colocated): auto = bfloat16 under mixed precision, else the policy's own dtype."""
+    vllm_max_model_len: int = 0
+    """Longest prompt + completion vLLM accepts; 0 = model.max_prompt_length + rollout.max_new_tokens."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Fraction of GPU memory vLLM may take (weights + KV cache) beside training; ignored on CPU."""
+    vllm_tensor_parallel_size: int = 1
+    """GPUs one colocated vLLM engine shards the model over."""
+    vllm_max_images: int = 4
+    """Most images in one prompt vLLM accepts (limit_mm_per_prompt)."""
+    vllm_sleep: bool = False
+    """Colocated on GPU: vLLM sleeps (weights offloaded, KV cache freed) during the update; no effect on CPU."""
+    logprob_check: bool = True
+    """Post-sync check (vllm): log |engine - trainer| log-prob of the sampled tokens each step, stop above the limits."""
+    logprob_check_mean: float | None = None
+    """Limit on the step's mean |difference|; null = 1e-3 when both sides run float32, else 5e-2."""
+    logprob_check_max: float | None = None
+    """Limit on the largest |difference| of one token; null = logged, not checked."""
 
 
 @dataclass
@@ -149,7 +173,19 @@ class TrainConfig:
     max_steps: int = 100
     """Optimizer steps (a step skipped because no group had signal still counts)."""
     backend: str = "plain"
-    """Training backend: plain = a full model copy per process, AdamW, gradients summed over ranks by all-reduce."""
+    """Training backend: plain = a full model copy per process, AdamW, gradients summed over ranks by all-reduce;
+    deepspeed = DeepSpeed ZeRO (train.zero_stage), the same update as plain (needs `pip install 'mmgpg[deepspeed]'`)."""
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage (train.backend=deepspeed): 0 = data parallel, 1 = optimizer state partitioned over ranks,
+    2 = and gradients, 3 = and parameters (gathered layer by layer in every forward)."""
+    offload_optimizer: bool = False
+    """DeepSpeed: keep the optimizer state and step on the CPU (ZeRO stage 1-3; DeepSpeed's CPU Adam, built with g++)."""
+    offload_params: bool = False
+    """DeepSpeed ZeRO stage 3 only: keep the partitioned parameters in CPU memory between uses."""
+    deepspeed_config: str | None = None
+    """Optional DeepSpeed JSON merged into what mmgpg derives (ZeRO bucket sizes, communication options, ...); a key
+    that mmgpg sets from its own config (stage, offload, clipping, bf16, batch sizes, optimizer) must agree or be
+    "auto"."""
     prompts_per_step: int = 8
     """Prompt groups in one optimizer step, over all ranks (must be divisible by the number of ranks)."""
     micro_batch_prompts: int = 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from mmgpg.backends import deepspeed_config
 from mmgpg.lora import check_lora
 from mmgpg.schema import Problem, did_you_mean
 from mmgpg.task import TaskNotFound, find_task_class, options_problems
@@ -94,8 +95,14 @@ def check(cfg: Config) -> list[Problem]:
                          "set train.adam_betas=[0.9,0.999]."))
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", cfg.device):
         p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
+    p += deepspeed_config.check(t)
     p += _check_task(cfg.task)
     p += check_lora(cfg)
+    if cfg.model.lora.rank > 0 and t.backend != "plain":
+        p.append(Problem("train.backend", t.backend, "LoRA runs on the plain backend only: LoRA under DeepSpeed (the "
+                         "adapter's partitioning, merged saving under ZeRO-3) is not built or tested yet.",
+                         "set train.backend=plain (LoRA's gradients and optimizer state are small), or "
+                         "model.lora.rank=0 for full fine-tuning with DeepSpeed."))
     return p
 
 

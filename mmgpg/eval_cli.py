@@ -37,6 +37,9 @@ def add_parsers(sub, add_config_args) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N items only")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--engine", choices=["hf", "vllm"], default=None,
+                   help="rollout engine for --ckpt (default: rollout.engine, i.e. hf); vllm needs vLLM installed, or "
+                   "rollout.vllm_server=URL of a running `mmgpg vllm-serve` (docs/install.md)")
     p.add_argument("--output", help="output directory (default runs/eval-<time>)")
     add_config_args(p)
     p.set_defaults(func=cmd_eval)
@@ -131,7 +134,8 @@ def cmd_eval(args) -> int:
     if bool(args.ckpt) == bool(args.predictions):
         raise ValueError("give exactly one of --ckpt (generate and judge) or --predictions (re-score a JSONL file)")
     check_protocol(args.protocol)
-    cfg = resolve([f"task={args.task}", *args.overrides], config_dirs=args.config_dir).config
+    engine_args = [f"rollout.engine={args.engine}", f"rollout.max_new_tokens={args.max_new_tokens}"] if args.engine else []
+    cfg = resolve([f"task={args.task}", *engine_args, *args.overrides], config_dirs=args.config_dir).config
     task = build_task(cfg.task.name, cfg.task.options)
     counts: dict[str, int] = {}
     if args.predictions:
@@ -167,11 +171,15 @@ def cmd_eval(args) -> int:
         examples, bad_rows = good_items(split, args.limit, cfg.data.on_bad_row)
         for row, reason in bad_rows.items():
             print(f"skipped bad data row {row}: {reason}", file=sys.stderr)
-        metrics, records = evaluate(engine, task, examples, batch_size=args.batch_size,
-                                    max_new_tokens=args.max_new_tokens, protocol=args.protocol)
+        try:
+            metrics, records = evaluate(engine, task, examples, batch_size=args.batch_size,
+                                        max_new_tokens=args.max_new_tokens, protocol=args.protocol)
+        finally:
+            engine.close()
         records += [{"row": row, "skipped": reason} for row, reason in bad_rows.items()]
         counts.update(evaluated=len(examples), skipped=len(bad_rows), available=len(split))
-        source = {"checkpoint": args.ckpt, "decoding": "greedy", "max_new_tokens": args.max_new_tokens}
+        source = {"checkpoint": args.ckpt, "decoding": "greedy", "max_new_tokens": args.max_new_tokens,
+                  "engine": cfg.rollout.engine}
     counts["parse_failures"] = int(sum(r.get("parse_failure", 0) for r in records if "skipped" not in r))
     out = make_run_dir(args.output or "", "eval")
     config = {"task": {"name": task.name, **(dataclasses.asdict(task) if dataclasses.is_dataclass(task) else {})},

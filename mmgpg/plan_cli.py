@@ -71,16 +71,36 @@ def add_hardware_args(p: argparse.ArgumentParser, required: bool = True) -> None
     p.add_argument("--gpu-memory-gb", type=float, required=required, help="memory of one GPU in GiB (e.g. 80)")
     p.add_argument("--reserve-gb", type=float, default=2.0,
                    help="kept free for the CUDA context, NCCL buffers and fragmentation (default 2 GiB; a judgement)")
-    p.add_argument("--backend", choices=BACKENDS, default="plain")
-    p.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=0, help="DeepSpeed ZeRO stage")
-    p.add_argument("--offload", choices=OFFLOADS, default="none", help="DeepSpeed offload to host memory")
+    p.add_argument("--backend", choices=BACKENDS, default=None, help="default: train.backend")
+    p.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
+                   help="DeepSpeed ZeRO stage (default: train.zero_stage with the deepspeed backend)")
+    p.add_argument("--offload", choices=OFFLOADS, default=None,
+                   help="DeepSpeed offload to host memory (default: from train.offload_optimizer/offload_params)")
     p.add_argument("--images-per-prompt", type=int, default=1, help="images in each prompt (default 1)")
 
 
+def backend_setup(cfg, args) -> tuple[str, int, str]:
+    """(backend, ZeRO stage, offload) to plan for: the flags where given, otherwise the config's ``train.*`` keys."""
+    t = cfg.train
+    backend = args.backend or t.backend
+    deepspeed = backend == "deepspeed"
+    stage = args.zero_stage if args.zero_stage is not None else (t.zero_stage if deepspeed else 0)
+    offload = args.offload
+    if offload is None:
+        use = deepspeed and t.backend == "deepspeed"
+        if use and t.offload_params and not t.offload_optimizer:
+            raise ValueError("the planner models parameter offload only together with optimizer offload "
+                             "(train.offload_params=true, train.offload_optimizer=false): pass --offload explicitly")
+        offload = ("optimizer+params" if use and t.offload_params else "optimizer" if use and t.offload_optimizer
+                   else "none")
+    return backend, stage, offload
+
+
 def plan_from_args(cfg, args) -> Plan:
+    backend, stage, offload = backend_setup(cfg, args)
     return plan_memory(cfg, model_shape(cfg.model.name_or_path, cfg.model.lora), gpus=args.gpus, nodes=args.nodes,
-                       gpu_memory_gb=args.gpu_memory_gb, backend=args.backend, zero_stage=args.zero_stage,
-                       offload=args.offload, reserve_gb=args.reserve_gb, images_per_prompt=args.images_per_prompt)
+                       gpu_memory_gb=args.gpu_memory_gb, backend=backend, zero_stage=stage,
+                       offload=offload, reserve_gb=args.reserve_gb, images_per_prompt=args.images_per_prompt)
 
 
 def add_plan_parser(sub, add_config_args) -> None:

@@ -345,13 +345,27 @@ class Policy:
 
         hidden = self.model.model(**kwargs, use_cache=False).last_hidden_state
         scored = hidden[:, prompt_len - 1 : -1][comp_mask]  # [K, H]: positions that predict completion tokens
-        weight, bias = output_head(self.model)  # through PEFT's wrappers: the head the forward really uses
-        logp = chunked_token_logprobs(
-            scored, weight, comp_ids[comp_mask], chunk_size=chunk_size, bias=bias, temperature=temperature,
-            excluded_token_ids=self.vision_token_ids,
-        )
+        head = self.model.get_output_embeddings()
+
+        def score(hidden_, targets_):  # reads the head's weights only inside head's own call (see _call_through)
+            weight, bias = output_head(self.model)  # through PEFT's wrappers: the head the forward really uses
+            return chunked_token_logprobs(hidden_, weight, targets_, chunk_size=chunk_size, bias=bias,
+                                          temperature=temperature, excluded_token_ids=self.vision_token_ids)
+
+        logp = _call_through(head, score, scored, comp_ids[comp_mask])
         out = torch.zeros(comp_ids.shape, dtype=logp.dtype, device=device)
         return out.masked_scatter(comp_mask, logp)
+
+
+def _call_through(module: torch.nn.Module, fn, *args):
+    """``fn(*args)`` run as ``module``'s forward, so hooks on ``module`` see it: DeepSpeed ZeRO-3 gathers a
+    partitioned ``lm_head.weight`` for the call and again for its backward (and releases it after each), exactly as for
+    the module's own forward. Without hooks this is ``fn(*args)``."""
+    module.forward = fn  # an instance attribute shadows the class's forward for this one call
+    try:
+        return module(*args)
+    finally:
+        del module.forward
 
 
 def gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -> PromptBatch:

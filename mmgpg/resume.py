@@ -207,7 +207,8 @@ def save_run_state(run_dir: Path, step: int, policy, backend, stream, counters: 
     from mmgpg.config import to_yaml
 
     state = {**backend.state_dict(), "stream": stream.state_dict(), "counters": counters}
-    return save_checkpoint(run_dir, step, policy, state, keep_last, extra_files={"config.yaml": to_yaml(cfg)})
+    return save_checkpoint(run_dir, step, policy, state, keep_last, extra_files={"config.yaml": to_yaml(cfg)},
+                           backend=backend)
 
 
 def restore_run_state(checkpoint: Path, run_dir: Path, cfg, backend, stream, settings, *, command: str,
@@ -221,6 +222,7 @@ def restore_run_state(checkpoint: Path, run_dir: Path, cfg, backend, stream, set
     changed = check_config(cfg, checkpoint, run_dir, record=is_main, command=command)
     state, rng = load_trainer_state(checkpoint)
     backend.load_state_dict(state)
+    backend.load_engine_state(checkpoint / "engine")
     if changed:
         backend.apply_settings(settings())
     stream.load_state_dict(state["stream"])

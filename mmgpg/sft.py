@@ -79,8 +79,9 @@ class SFTTrainer:
                                  total_steps=s.max_steps)
 
     def evaluate(self) -> dict[str, float]:
-        metrics, _ = evaluate(self.engine, self.task, self.eval_examples,
-                              max_new_tokens=self.cfg.rollout.max_new_tokens)
+        with self.backend.generation_context():  # ZeRO-3: the weights gathered once, not per token
+            metrics, _ = evaluate(self.engine, self.task, self.eval_examples,
+                                  max_new_tokens=self.cfg.rollout.max_new_tokens)
         return {f"eval/{k}": v for k, v in metrics.items()}
 
     def save(self) -> Path:
@@ -97,6 +98,7 @@ class SFTTrainer:
         with self.backend.autocast():
             logp = self.policy.completion_logprobs(batch, chunk_size=cfg.model.logprob_chunk_size)
         loss = -(logp * batch.completion_mask).sum() / batch.completion_mask.sum()
+        self.backend.begin_accumulation(1)
         self.backend.backward(loss)
         self.backend.reduce_gradients()
         grad_norm = self.backend.step().grad_norm
@@ -126,7 +128,8 @@ class SFTTrainer:
                           "train.resume=true)", file=sys.stderr, flush=True)
                     return saved / "policy"
         final = self.run_dir / "final"
-        lora.save_policy(self.policy, final)  # adapters merged: a plain Hugging Face model directory
+        # adapters merged, partitioned weights gathered: a plain Hugging Face model directory
+        lora.save_policy(self.policy, final, self.backend.full_state_dict())
         if lora.is_lora(self.policy):
             lora.save_adapter(self.policy, self.run_dir / "final_adapter")
         return final

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from mmgpg.config import Config, Resolved, save_config
 from mmgpg.modelload import load_for_training, load_policy_for
 from mmgpg.policy import CompletionBatch, Policy, gather_prompts, pad_completions
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
+from mmgpg.rollout.check import LogprobDiff, check_logprob_diff
 from mmgpg.runlog import RunLog
 from mmgpg.stream import PromptStream
 from mmgpg.task import SkipBadRows, build_task, first_items
@@ -103,6 +104,8 @@ class Trainer:
             else:  # transformers 5.19
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.backend.prepare(model, self._optimizer_settings())
+        if self.reference is not None and hasattr(self.backend, "partition_reference"):  # ZeRO-3: partitioned too
+            self.reference.model = self.backend.partition_reference(self.reference.model)
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
         self.sampling = Sampling.from_config(cfg.rollout)
         a = cfg.algo  # the algorithm's functions with their hyper-parameters bound once
@@ -161,13 +164,16 @@ class Trainer:
         """Sample until the update's valid fraction reaches β_th (or the attempt cap)
         (:func:`mmgpg.rollout.collect_groups`)."""
         a = self.cfg.algo
-        return collect_groups(self._sample_groups, self.per_rank, min_valid_fraction=a.min_valid_fraction,
-                              max_attempts=a.max_resample_attempts, comm_device=self.backend.comm_device)
+        with self.backend.generation_context():  # ZeRO-3: the weights gathered once for the whole rollout
+            return collect_groups(self._sample_groups, self.per_rank, min_valid_fraction=a.min_valid_fraction,
+                                  max_attempts=a.max_resample_attempts, comm_device=self.backend.comm_device)
 
     def _sample_groups(self, attempt: int) -> list[Group]:
         """One attempt: the next ``per_rank`` prompts of the stream, ``group_size`` completions each, scored."""
         examples = [self.dataset[i] for i in self.stream.next(self.per_rank)]
-        return sample_groups(self.engine, self.task, examples, self.cfg.rollout.group_size, self.sampling,
+        # Engines with per-request seeds (vLLM) seed each prompt from (seed, step, attempt, rank, prompt index).
+        sampling = replace(self.sampling, seed_key=(self.cfg.seed, self.state.step, attempt, self.dist.rank))
+        return sample_groups(self.engine, self.task, examples, self.cfg.rollout.group_size, sampling,
                              attempt=attempt, zero_variance_tol=self.cfg.algo.zero_variance_tol)
 
     # ---- phase 2: advantages --------------------------------------------------------------------------------------
@@ -200,7 +206,12 @@ class Trainer:
         else:
             batch = self.policy.encode_prompts([self.task.prompt(g.example) for g in groups])
         ids, mask = pad_completions([ids for g in groups for ids in g.completion_ids], self.policy.pad_token_id)
-        return CompletionBatch(batch, self.cfg.rollout.group_size, ids, mask)
+        sampled = None
+        if all(g.sampled_logprobs is not None for g in groups):  # the engine's log-probs, for the post-sync check
+            sampled = torch.zeros(ids.shape, dtype=torch.float32)
+            for i, lp in enumerate(lp for g in groups for lp in g.sampled_logprobs):
+                sampled[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        return CompletionBatch(batch, self.cfg.rollout.group_size, ids, mask, sampled_logprobs=sampled)
 
     def _logprobs(self, policy: Policy, rollout: CompletionBatch) -> torch.Tensor:
         m, r = self.cfg.model, self.cfg.rollout
@@ -208,23 +219,33 @@ class Trainer:
             return policy.completion_logprobs(rollout, chunk_size=m.logprob_chunk_size, temperature=r.temperature,
                                               encode_images_once=m.encode_images_once)
 
-    def _micro_batches(self, groups: list[Group]) -> list[tuple[CompletionBatch, torch.Tensor]]:
+    def _micro_batches(self, groups: list[Group]) -> list[tuple[CompletionBatch, torch.Tensor, float]]:
         """The forwarded groups (zero-variance ones only when a KL term needs them) as micro-batches of
-        ``train.micro_batch_prompts`` prompt groups, each with its advantages ``[rows]``."""
+        ``train.micro_batch_prompts`` prompt groups, each with its advantages ``[rows]`` and its weight (1).
+
+        With collectives inside forward/backward (``backend.equal_micro_batches``: DeepSpeed), a rank with fewer
+        micro-batches than the busiest one appends copies of one of its groups with weight 0 (they add exactly 0)."""
         forwarded = groups if self.cfg.algo.kl_coef > 0 else [g for g in groups if not g.zero_variance]
         mb = self.cfg.train.micro_batch_prompts
         chunks = [forwarded[i : i + mb] for i in range(0, len(forwarded), mb)]
-        return [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32))
-                for c in chunks]
+        micro = [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32), 1.0)
+                 for c in chunks]
+        most = distributed.all_max(len(micro), self.backend.comm_device) if self.backend.equal_micro_batches else 0
+        pad = (self._collate(groups[:1]), torch.zeros(self.cfg.rollout.group_size), 0.0) if most > len(micro) else None
+        return micro + [pad] * (int(most) - len(micro)) if pad else micro
 
-    def _backward(self, micro, counts: StepCounts, old, ref) -> tuple[float, float]:
+    def _backward(self, micro, counts: StepCounts, old, ref, diff: LogprobDiff | None = None) -> tuple[float, float]:
         """Backward of this rank's micro-batches (loss = (α · Σ policy + kl_coef · Σ KL) / global denominator), then
-        the gradients summed over ranks. Returns this rank's (policy, KL) loss parts."""
+        the gradients summed over ranks. Returns this rank's (policy, KL) loss parts. ``diff`` collects the post-sync
+        check from these log-probs (the rollout's weights: called before the optimizer step)."""
         a = self.cfg.algo
         alpha = counts.alpha if counts.alpha is not None else 1.0  # B == M: the policy term is 0 anyway
         policy_total = kl_total = 0.0
-        for (r, adv), old_lp, ref_lp in zip(micro, old, ref):
+        self.backend.begin_accumulation(len(micro))
+        for (r, adv, weight), old_lp, ref_lp in zip(micro, old, ref):
             logp = self._logprobs(self.policy, r)
+            if diff is not None and r.sampled_logprobs is not None:
+                diff.add(r.sampled_logprobs, logp, r.completion_mask)
             adv = adv.to(logp.device)
             mask = r.completion_mask.to(logp.device)
             per_token = self.token_loss_fn(logp, adv) if old_lp is None else self.token_loss_fn(logp, adv, old_logp=old_lp)
@@ -235,7 +256,7 @@ class Trainer:
                                                                 mask, a.aggregation) / counts.denominator
                 loss = loss + kl_term
                 kl_total += float(kl_term.detach())
-            self.backend.backward(loss)
+            self.backend.backward(loss * weight if weight != 1.0 else loss)
         self.backend.reduce_gradients()
         return policy_total, kl_total
 
@@ -245,10 +266,10 @@ class Trainer:
         old, ref = [None] * n, [None] * n
         with torch.no_grad():
             if self.cfg.algo.updates_per_batch > 1:
-                old = [self._logprobs(self.policy, r) for r, _ in micro]
+                old = [self._logprobs(self.policy, r) for r, _, _ in micro]
             if self.reference is not None:
                 with lora.adapter_disabled(self.reference):  # LoRA: the base model inside the policy
-                    ref = [self._logprobs(self.reference, r) for r, _ in micro]
+                    ref = [self._logprobs(self.reference, r) for r, _, _ in micro]
         return old, ref
 
     def compute_gradients(self, groups: list[Group], counts: StepCounts) -> tuple[float, float]:
@@ -280,25 +301,45 @@ class Trainer:
                 "or resume from an earlier checkpoint.")
         return result.grad_norm
 
+    def _checked(self, diff: LogprobDiff, groups: list[Group] | None = None) -> dict[str, float]:
+        """The post-sync check over all ranks (collective): metrics, or a stop before the optimizer step. ``groups``:
+        a step without update (no informative group) scores them in one no-grad forward for it."""
+        if not (self.cfg.rollout.logprob_check and hasattr(self.engine, "check_mean")):
+            return {}
+        with torch.no_grad():
+            for r in [self._collate(groups[i : i + 1]) for i in range(len(groups or []))]:
+                if r.sampled_logprobs is not None:
+                    diff.add(r.sampled_logprobs, self._logprobs(self.policy, r), r.completion_mask)
+        return check_logprob_diff(*diff.reduce(self.backend.comm_device), mean_limit=self.engine.check_mean,
+                                  max_limit=self.engine.check_max, step=self.state.step)
+
     def update(self, groups: list[Group], counts: StepCounts) -> dict[str, float]:
-        """Backward over this rank's forwarded groups, sum gradients over ranks, clip, step."""
+        """Backward over this rank's forwarded groups, sum gradients over ranks, clip, step, sync the engine."""
         a = self.cfg.algo
+        getattr(self.engine, "sleep", lambda: None)()  # rollout.vllm_sleep: free the engine's GPU memory
         if counts.skip:
             self.state.skipped_steps += 1
             for _ in range(a.updates_per_batch):
                 self.backend.advance_schedule()
-            return {"loss/policy": 0.0, "loss/kl": 0.0, "grad_norm": 0.0}
+            return {"loss/policy": 0.0, "loss/kl": 0.0, "grad_norm": 0.0, **self._checked(LogprobDiff(), groups)}
         micro = self._micro_batches(groups)
         old, ref = self._fixed_logprobs(micro)
         self.policy.model.train()
         policy_total = kl_total = grad_norm = 0.0
-        for _ in range(a.updates_per_batch):
-            policy_total, kl_total = self._backward(micro, counts, old, ref)
+        checked: dict[str, float] = {}
+        for i in range(a.updates_per_batch):
+            diff = LogprobDiff() if i == 0 else None
+            policy_total, kl_total = self._backward(micro, counts, old, ref, diff)
+            if diff is not None:
+                checked = self._checked(diff)
             grad_norm = self._optimizer_step()
+        t0 = time.perf_counter()
         self.engine.sync_weights()
+        sync_s = time.perf_counter() - t0
         self.policy.model.eval()
         policy_total, kl_total = distributed.all_sum([policy_total, kl_total], self.backend.comm_device)
-        return {"loss/policy": policy_total, "loss/kl": kl_total, "grad_norm": grad_norm}
+        return {"loss/policy": policy_total, "loss/kl": kl_total, "grad_norm": grad_norm, "time/sync": sync_s,
+                **checked}
 
     # ---- one step -------------------------------------------------------------------------------------------------
 
@@ -368,18 +409,19 @@ class Trainer:
         from mmgpg.evaluate import evaluate, sampled_scores
 
         metrics = None
-        if self.dist.is_main:
-            t, r = self.cfg.train, self.cfg.rollout
-            examples = first_items(self.task.load(t.eval_split), t.eval_limit)
-            # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                scores, _ = evaluate(self.engine, self.task, examples, max_new_tokens=r.max_new_tokens)
-                metrics = {f"eval/{k}": v for k, v in scores.items()}
-                if t.eval_samples:
-                    torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
-                    sampled = sampled_scores(self.engine, self.task, examples, samples=t.eval_samples,
-                                             temperature=r.temperature, max_new_tokens=r.max_new_tokens)
-                    metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
+        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
+            if self.dist.is_main:
+                t, r = self.cfg.train, self.cfg.rollout
+                examples = first_items(self.task.load(t.eval_split), t.eval_limit)
+                # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
+                with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                    scores, _ = evaluate(self.engine, self.task, examples, max_new_tokens=r.max_new_tokens)
+                    metrics = {f"eval/{k}": v for k, v in scores.items()}
+                    if t.eval_samples:
+                        torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
+                        sampled = sampled_scores(self.engine, self.task, examples, samples=t.eval_samples,
+                                                 temperature=r.temperature, max_new_tokens=r.max_new_tokens)
+                        metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
         return distributed.broadcast_object(metrics)
 
     def probe(self) -> None:
@@ -387,15 +429,16 @@ class Trainer:
         training prompts (rank 0; under a forked RNG so the training stream is untouched) → probe_success.jsonl."""
         from mmgpg.probe import PROBE_FILE, check_success, probe_prompts, write_probe
 
-        if self.dist.is_main:
-            t = self.cfg.train
-            check_success(self.task, None)
-            examples = first_items(self.dataset, t.probe_limit)
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                torch.manual_seed(self.cfg.seed + 20_000 + self.state.step)
-                records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, split=t.split,
-                                        samples=t.probe_samples, success_threshold=None)
-            write_probe(self.run_dir / PROBE_FILE, self.state.step, "live", records)
+        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
+            if self.dist.is_main:
+                t = self.cfg.train
+                check_success(self.task, None)
+                examples = first_items(self.dataset, t.probe_limit)
+                with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                    torch.manual_seed(self.cfg.seed + 20_000 + self.state.step)
+                    records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, split=t.split,
+                                            samples=t.probe_samples, success_threshold=None)
+                write_probe(self.run_dir / PROBE_FILE, self.state.step, "live", records)
         distributed.barrier()
 
     def save(self) -> Path:

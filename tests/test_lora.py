@@ -152,7 +152,7 @@ def test_lora_step_changes_only_adapter_and_opted_in_parameters(tiny_dirs, tmp_p
     micro = trainer._micro_batches(groups)
     _, ref = trainer._fixed_logprobs(micro)
     with torch.no_grad():
-        for (batch, _), r in zip(micro, ref):
+        for (batch, *_), r in zip(micro, ref):
             assert torch.equal(r, base.completion_logprobs(batch))
             assert not torch.equal(r, trainer.policy.completion_logprobs(batch))
 

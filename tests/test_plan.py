@@ -359,3 +359,20 @@ def test_check_runs_the_same_memory_test(capsys):
     assert code == 1 and "does not fit; changes that would fit:" in out
     code, _, err = run(["check", "task=shapes", "model=tiny", "--examples", "1", "--gpus", "1"], capsys)
     assert code == 2 and "needs both --gpus and --gpu-memory-gb" in err
+
+
+def test_backend_stage_and_offload_default_to_the_train_keys(config_dirs, capsys):
+    base = ["plan", "model=qwen2_5_vl_7b", f"model.name_or_path={config_dirs['7b']}", "--gpus", "8",
+            "--gpu-memory-gb", "80", "--json"]
+    setup = json.loads(run([*base, "train.backend=deepspeed", "train.zero_stage=3", "train.offload_optimizer=true"],
+                           capsys)[1])["setup"]
+    assert (setup["backend"], setup["zero_stage"], setup["offload"]) == ("deepspeed", 3, "optimizer")
+    setup = json.loads(run([*base, "train.backend=deepspeed", "train.zero_stage=3", "train.offload_optimizer=true",
+                            "train.offload_params=true"], capsys)[1])["setup"]
+    assert setup["offload"] == "optimizer+params"
+    # A flag wins over the config.
+    setup = json.loads(run([*base, "train.backend=deepspeed", "train.zero_stage=3", "--zero-stage", "2"],
+                           capsys)[1])["setup"]
+    assert (setup["backend"], setup["zero_stage"], setup["offload"]) == ("deepspeed", 2, "none")
+    setup = json.loads(run(base, capsys)[1])["setup"]  # the default config: plain
+    assert (setup["backend"], setup["zero_stage"], setup["offload"]) == ("plain", 0, "none")

@@ -12,7 +12,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "mmgpg"
 MAX_LINES = 500
 # module -> why it is allowed to be longer (empty: none is).
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "mmgpg.config": "the schema: one dataclass per config section, each field documented once by the docstring under "
+                    "it (`mmgpg config show --doc` prints them); resolution and checks already live elsewhere",
+}
 
 
 def _module_name(path: Path, root: Path = PACKAGE) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
     from mmgpg.distributed import DistInfo
 
 # The one place backend names live: config validation and `build_backend` both read this.
-BACKENDS: dict[str, str] = {"plain": "mmgpg.backends.plain:PlainBackend"}
+BACKENDS: dict[str, str] = {"plain": "mmgpg.backends.plain:PlainBackend",
+                             "deepspeed": "mmgpg.backends.deepspeed:DeepSpeedBackend"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,8 @@ class TrainingBackend(Protocol):
     dist: DistInfo
     params: list[torch.nn.Parameter]  # the trainable parameters (after `prepare`)
 
+    equal_micro_batches: bool  # True: forward/backward hold collectives, so every rank must run as many micro-batches
+
     def weights_dtype(self, requested: str) -> str:
         """The dtype to load weights in, given ``model.dtype`` (e.g. float32 master weights under bf16 autocast)."""
         ...
@@ -59,6 +63,10 @@ class TrainingBackend(Protocol):
 
     def apply_settings(self, settings: OptimizerSettings) -> None:
         """Replace the loaded state's hyper-parameters by ``settings`` (a resume with an accepted config change)."""
+        ...
+
+    def begin_accumulation(self, micro_batches: int) -> None:
+        """The next ``micro_batches`` calls of :meth:`backward` make one gradient (the last one is the boundary)."""
         ...
 
     def backward(self, loss: torch.Tensor) -> None: ...
@@ -76,6 +84,21 @@ class TrainingBackend(Protocol):
         ...
 
     def learning_rate(self) -> float: ...
+
+    def generation_context(self) -> AbstractContextManager:
+        """Around a rollout or an evaluation (every rank enters it, also where only rank 0 generates): the policy's
+        full weights are usable for the whole block (ZeRO-3 gathers them once instead of once per token)."""
+        ...
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The full weights for ``save_pretrained`` (collective; None: the model's own state dict is complete)."""
+        ...
+
+    def save_engine_state(self, directory: Path) -> None:
+        """Write state that is not in :meth:`state_dict` (every rank; e.g. partitioned optimizer state)."""
+        ...
+
+    def load_engine_state(self, directory: Path) -> None: ...
 
     def state_dict(self) -> dict[str, Any]: ...
 

@@ -68,6 +68,11 @@ class PlainBackend:
             group["lr"] = settings.learning_rate * fn(self.scheduler.last_epoch)
         self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
+    equal_micro_batches = False  # no collectives inside forward or backward
+
+    def begin_accumulation(self, micro_batches: int) -> None:
+        pass
+
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
@@ -101,9 +106,27 @@ class PlainBackend:
     def learning_rate(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
 
+    def generation_context(self) -> AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def full_state_dict(self) -> None:
+        return None
+
+    def save_engine_state(self, directory) -> None:
+        pass
+
+    def load_engine_state(self, directory) -> None:
+        pass
+
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "deepspeed" in state:
+            from mmgpg.checkpoint import CheckpointError
+
+            raise CheckpointError("this checkpoint was written by the DeepSpeed backend (its optimizer state is in "
+                                  "engine/): resume it with train.backend=deepspeed, or start a new run from its "
+                                  "policy/ (model.name_or_path=<checkpoint>/policy) with a fresh optimizer")
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -42,6 +42,7 @@ class Group:
     advantages: list[float] = field(default_factory=list)
     prompts: PromptBatch | None = None  # the rollout's encoded prompts; this group's is row `prompt_index`
     prompt_index: int = 0
+    sampled_logprobs: list[list[float]] | None = None  # the engine's log-prob of each completion token, if it gives them
 
     @property
     def num_tokens(self) -> int:
@@ -57,12 +58,14 @@ def score_group(task, example: Example, out: CompletionBatch, p: int, *, attempt
                 zero_variance_tol: float = 0.0) -> Group:
     """Group ``p`` of ``out`` with the task's rewards, binary success and zero-variance flag."""
     G = out.group_size
-    ids, texts, rewards, success = [], [], [], []
+    ids, texts, rewards, success, logprobs = [], [], [], [], []
     components: dict[str, list[float]] = {}
     for g in range(G):
         row = p * G + g
         n = int(out.completion_mask[row].sum())
         ids.append(out.completion_ids[row, :n].tolist())
+        if out.sampled_logprobs is not None:
+            logprobs.append(out.sampled_logprobs[row, :n].tolist())
         texts.append(out.texts[row])
         scores = task_rewards(task, out.texts[row], example)
         success.append(task_success(task, out.texts[row], example, scores))
@@ -71,7 +74,8 @@ def score_group(task, example: Example, out: CompletionBatch, p: int, *, attempt
             components.setdefault(k, []).append(v)
     zero = bool(algorithms.zero_variance_mask(torch.tensor([rewards], dtype=torch.float64), zero_variance_tol)[0])
     declared = None if any(s is None for s in success) else [bool(s) for s in success]
-    return Group(example, ids, texts, rewards, components, attempt, zero, declared, prompts=out.prompts, prompt_index=p)
+    return Group(example, ids, texts, rewards, components, attempt, zero, declared, prompts=out.prompts, prompt_index=p,
+                 sampled_logprobs=logprobs if out.sampled_logprobs is not None else None)
 
 
 def sample_groups(engine: RolloutEngine, task, examples: Sequence[Example], group_size: int, sampling: Sampling, *,

@@ -9,6 +9,7 @@ is built as ``Engine(policy, config, autocast)`` and implements :class:`RolloutE
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
@@ -19,18 +20,21 @@ if TYPE_CHECKING:
     from mmgpg.policy import CompletionBatch, Policy
 
 # The one place engine names live: config validation and `build_engine` both read this.
-ENGINES: dict[str, str] = {"hf": "mmgpg.rollout.hf:HFEngine"}
+ENGINES: dict[str, str] = {"hf": "mmgpg.rollout.hf:HFEngine", "vllm": "mmgpg.rollout.vllm:VLLMEngine"}
 
 
 @dataclass(frozen=True)
 class Sampling:
     """How to sample: every knob explicit (a checkpoint's generation_config never leaks in). ``temperature = 0`` is
-    greedy decoding (evaluation)."""
+    greedy decoding (evaluation). ``seed_key``: what identifies this draw, e.g. ``(seed, step, attempt, rank)``;
+    engines with per-request seeds (vLLM) seed prompt ``p`` with :func:`request_seed` ``(*seed_key, p)`` so a rollout
+    is reproducible and a resumed run draws the same completions. ``None``: the engine draws from torch's RNG."""
 
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    seed_key: tuple[int, ...] | None = None
 
     @classmethod
     def from_config(cls, rollout) -> Sampling:
@@ -39,6 +43,17 @@ class Sampling:
     @classmethod
     def greedy(cls, max_new_tokens: int) -> Sampling:
         return cls(max_new_tokens, temperature=0.0)
+
+
+def request_seed(*key: int) -> int:
+    """A 62-bit seed from integers (blake2b of their decimal text): unrelated keys give unrelated seeds, and
+    vLLM's ``seed + i`` for the i-th of ``n`` completions stays far from any other prompt's seed.
+
+    >>> request_seed(0, 3, 0, 1, 5) == request_seed(0, 3, 0, 1, 5), request_seed(0, 3, 0, 1, 5) == request_seed(0, 3, 0, 1, 6)
+    (True, False)
+    """
+    digest = hashlib.blake2b(",".join(str(int(k)) for k in key).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 2
 
 
 class RolloutEngine(Protocol):

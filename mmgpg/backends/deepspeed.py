@@ -1,0 +1,295 @@
+"""The DeepSpeed backend (``train.backend=deepspeed``): ZeRO stage 0-3 with optional optimizer/parameter offload,
+computing the same update as the plain backend.
+
+* **Sums, not means.** mmgpg's losses use global denominators, so the step's gradient is the *sum* of the ranks'
+  gradients; DeepSpeed *averages* them over the data-parallel ranks. Each micro-batch's loss is multiplied by the
+  world size before DeepSpeed's backward, so its average is the sum (clipping then sees the same global norm as plain).
+* **One boundary per step.** The number of micro-batches varies from step to step; the trainer announces it
+  (:meth:`begin_accumulation`) and the backend marks the last backward as DeepSpeed's accumulation boundary.
+* **Equal forwards.** ZeRO-2 reduces gradients inside every backward and ZeRO-3 gathers parameters inside every
+  forward (collectives), so every rank must run the same number of micro-batches: :attr:`equal_micro_batches` asks the
+  trainer to pad the short ranks with zero-weight micro-batches.
+* **Generation** (:meth:`generation_context`): under ZeRO-3 the weights are gathered once for a whole rollout
+  (DeepSpeed's ``unwrap_model_for_generation``), instead of once per layer per generated token.
+* **Checkpoints**: rank 0 writes the gathered full weights as the ``policy/`` Hugging Face directory;
+  DeepSpeed's ``save_checkpoint`` writes the (partitioned) optimizer state beside it (``engine/``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmgpg import distributed
+from mmgpg.backends import OptimizerSettings, StepResult
+from mmgpg.backends.deepspeed_config import INSTALL_HINT, derive, merge, read_user_config
+from mmgpg.utils import resolve_device
+
+
+def _import_deepspeed():
+    try:
+        import deepspeed
+    except ImportError as err:
+        raise ImportError(f"train.backend=deepspeed needs the deepspeed package: {INSTALL_HINT}") from err
+    return deepspeed
+
+
+class DeepSpeedBackend:
+    name = "deepspeed"
+    equal_micro_batches = True
+
+    def __init__(self, config: Any):
+        self.ds = _import_deepspeed()
+        t = config.train
+        device = resolve_device(config.device)
+        self.dist = distributed.setup(device.type)
+        if not torch.distributed.is_initialized():  # one process: DeepSpeed still needs a process group (of one)
+            _init_single_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda" and self.dist.enabled:
+            device = torch.device("cuda", self.dist.local_rank)
+            torch.cuda.set_device(device)
+        self.device = device
+        # The same decision as the plain backend; DeepSpeed then keeps bf16 weights and float32 master weights.
+        self.bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported() and config.model.dtype == "auto"
+        derived, sources = derive(t.zero_stage, t.offload_optimizer, t.offload_params, t.max_grad_norm, self.bf16)
+        if t.deepspeed_config:
+            derived = merge(derived, sources, read_user_config(t.deepspeed_config), t.deepspeed_config)
+        self.ds_config = derived
+        self.zero_stage = t.zero_stage
+        self.offload_optimizer = t.offload_optimizer
+        self.engine: Any = None
+        self.params: list[torch.nn.Parameter] = []
+        self.scheduler: Any = None
+        self.settings: OptimizerSettings | None = None
+        self._remaining = 0
+        self._nonfinite_loss = False
+        self._last_norm = 0.0
+
+    @property
+    def comm_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    def weights_dtype(self, requested: str) -> str:
+        return "float32" if self.bf16 else requested  # DeepSpeed casts to bf16 itself and keeps fp32 master weights
+
+    def autocast(self) -> AbstractContextManager:
+        return contextlib.nullcontext()  # bf16 is DeepSpeed's (the module's weights are bf16)
+
+    # ---- set-up ---------------------------------------------------------------------------------------------------
+
+    def _optimizer(self, settings: OptimizerSettings):
+        kwargs = dict(lr=settings.learning_rate, betas=tuple(settings.betas), eps=settings.eps,
+                      weight_decay=settings.weight_decay)
+        if self.offload_optimizer:  # DeepSpeed requires its CPU Adam for an offloaded optimizer (JIT-built op)
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(self.params, adamw_mode=True, **kwargs)
+        return torch.optim.AdamW(self.params, **kwargs)
+
+    def prepare(self, model: torch.nn.Module, settings: OptimizerSettings) -> None:
+        from transformers import get_scheduler
+
+        self.settings = settings
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = self._optimizer(settings)
+        # mmgpg steps the schedule, not DeepSpeed (a skipped step advances it without an optimizer step). It is built
+        # on the torch optimizer (torch's schedulers accept nothing else) and then pointed at DeepSpeed's wrapper,
+        # whose param groups are the ones the step reads.
+        self.scheduler = get_scheduler(settings.lr_scheduler, optimizer, num_warmup_steps=settings.warmup_steps,
+                                       num_training_steps=settings.total_steps)
+        with _quiet():
+            self.engine, _, _, _ = self.ds.initialize(model=model, model_parameters=self.params, optimizer=optimizer,
+                                                      config=self.ds_config, dist_init_required=False)
+        self.scheduler.optimizer = self.engine.optimizer
+        for group in self.engine.optimizer.param_groups:
+            group.setdefault("initial_lr", settings.learning_rate)
+
+    def apply_settings(self, settings: OptimizerSettings) -> None:
+        self.settings = settings
+        for group in self.engine.optimizer.param_groups:
+            group.update(initial_lr=settings.learning_rate, betas=tuple(settings.betas), eps=settings.eps,
+                         weight_decay=settings.weight_decay)
+        self.scheduler.base_lrs = [settings.learning_rate] * len(self.engine.optimizer.param_groups)
+        for group, fn in zip(self.engine.optimizer.param_groups, self.scheduler.lr_lambdas):
+            group["lr"] = settings.learning_rate * fn(self.scheduler.last_epoch)
+        self.scheduler._last_lr = [g["lr"] for g in self.engine.optimizer.param_groups]
+        self.engine._config.gradient_clipping = float(settings.max_grad_norm)  # ZeRO-0 reads the engine's config
+        if hasattr(self.engine.optimizer, "clip_grad"):  # ZeRO-1/2/3 copied it at initialisation
+            self.engine.optimizer.clip_grad = float(settings.max_grad_norm)
+
+    def partition_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A frozen model (GRPO's reference) under ZeRO-3: partitioned like the policy, no optimizer state.
+        Below stage 3 the model is returned as it is (a full copy per rank)."""
+        if self.zero_stage != 3:
+            return model
+        config = {k: v for k, v in self.ds_config.items() if k not in ("gradient_clipping",)}
+        config["zero_optimization"] = {k: v for k, v in config["zero_optimization"].items()
+                                       if k != "offload_optimizer"}
+        with _quiet():
+            engine, *_ = self.ds.initialize(model=model, config=config, dist_init_required=False)
+        engine.eval()
+        return engine.module
+
+    # ---- one step -------------------------------------------------------------------------------------------------
+
+    def begin_accumulation(self, micro_batches: int) -> None:
+        self._remaining = micro_batches
+        self._nonfinite_loss = False
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self._remaining < 1:
+            raise RuntimeError("DeepSpeedBackend.backward without begin_accumulation(n): the trainer must announce "
+                               "how many micro-batches make the step's gradient")
+        self._remaining -= 1
+        self._nonfinite_loss |= not bool(torch.isfinite(loss.detach()).all())
+        self.engine.set_gradient_accumulation_boundary(self._remaining == 0)
+        # What engine.forward does first (mmgpg calls the module's parts itself, not the engine): a new micro-step.
+        # ZeRO-3 counts micro-steps here, and accumulates into the partitioned gradient only after the first one.
+        if hasattr(self.engine.optimizer, "clear_backward_seen_flag"):
+            self.engine.optimizer.clear_backward_seen_flag()
+        # DeepSpeed averages over the data-parallel ranks; mmgpg's gradient is the sum (global denominators).
+        self.engine.backward(loss * self.dist.world_size, scale_wrt_gas=False)
+
+    def reduce_gradients(self) -> None:
+        """Nothing to do: DeepSpeed reduced the gradients at the accumulation boundary (the last backward)."""
+
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """{parameter name: the full, reduced gradient} after the boundary backward and before :meth:`step`
+        (every rank; collective under ZeRO-3). For tests and diagnostics."""
+        from deepspeed.utils import safe_get_full_grad
+
+        out = {}
+        for name, p in self.engine.module.named_parameters():
+            if p.requires_grad:
+                g = safe_get_full_grad(p)
+                shape = getattr(p, "ds_shape", p.shape)
+                out[name] = torch.zeros(shape) if g is None else g.detach().float().cpu().clone().reshape(shape)
+        return out
+
+    def step(self) -> StepResult:
+        # ZeRO-1/2/3 skip a step whose gradient norm is NaN/Inf themselves; stage 0 (the torch optimizer) would apply
+        # it, so there a non-finite loss on any rank (the usual source) skips it: gradients dropped, weights unchanged.
+        if self.zero_stage == 0 and distributed.all_max(float(self._nonfinite_loss), self.comm_device) > 0:
+            self.engine.optimizer.zero_grad(set_to_none=True)
+            self.advance_schedule()
+            return StepResult(float("nan"), False)
+        with _quiet():
+            self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        norm = 0.0 if norm is None else float(norm)
+        self._last_norm = norm
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            self.scheduler.step()
+        return StepResult(norm, math.isfinite(norm))
+
+    def advance_schedule(self) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            self.scheduler.step()
+
+    def learning_rate(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    # ---- generation -----------------------------------------------------------------------------------------------
+
+    def generation_context(self) -> AbstractContextManager:
+        if self.zero_stage != 3 or self.engine is None:
+            return contextlib.nullcontext()
+        return _gathered_for_generation(self.engine)
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        if self.zero_stage != 3:
+            return None
+        return self.engine._zero3_consolidated_16bit_state_dict()  # gathered one module at a time; full on rank 0
+
+    def save_engine_state(self, directory: Path) -> None:
+        with _quiet():
+            self.engine.save_checkpoint(str(directory), tag="state", save_latest=False)
+
+    def load_engine_state(self, directory: Path) -> None:
+        with _quiet():
+            path, _ = self.engine.load_checkpoint(str(directory), tag="state", load_module_strict=True,
+                                                  load_optimizer_states=True, load_lr_scheduler_states=False)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed engine state in {directory}")
+
+    def state_dict(self) -> dict[str, Any]:
+        # The optimizer state itself is DeepSpeed's (partitioned over ranks): engine/ beside this file.
+        return {"optimizer": {"in": "engine/"}, "scheduler": self.scheduler.state_dict(),
+                "deepspeed": {"zero_stage": self.zero_stage, "world_size": self.dist.world_size}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from mmgpg.checkpoint import CheckpointError
+
+        saved = state.get("deepspeed")
+        if saved is None:
+            raise CheckpointError("this checkpoint was written by the plain backend (its optimizer state is a torch "
+                                  "AdamW state, not DeepSpeed's): resume it with train.backend=plain, or start a new "
+                                  "run from its policy/ (model.name_or_path=<checkpoint>/policy) with a fresh optimizer")
+        world, stage = int(saved["world_size"]), int(saved["zero_stage"])
+        if world != self.dist.world_size or stage != self.zero_stage:
+            raise CheckpointError(
+                f"this checkpoint's DeepSpeed state was written by {world} rank(s) with ZeRO stage {stage}; this run "
+                f"has {self.dist.world_size} rank(s) and ZeRO stage {self.zero_stage}. The optimizer state is "
+                f"partitioned per rank and mmgpg does not re-split it: resume with {world} rank(s) "
+                f"(torchrun --nproc_per_node ... totalling {world}) and train.zero_stage={stage}, or start a new run "
+                "from the checkpoint's policy/ (model.name_or_path=<checkpoint>/policy; the optimizer starts afresh)")
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _init_single_process_group(backend: str) -> None:
+    """A process group of one on a free local port (``mmgpg train`` or ``mmgpg sft`` without torchrun)."""
+    import os
+    import socket
+
+    os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's launcher check
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
+@contextlib.contextmanager
+def _gathered_for_generation(engine):
+    """ZeRO-3 parameters gathered once for a whole block of generation, with no collective inside it: DeepSpeed's
+    ``unwrap_model_for_generation`` (one all-gather of every parameter, the per-module fetch/release hooks removed
+    for the block), and also the root module's start-of-forward hook removed, which checks the recorded module order
+    collectively (``reset_step``) — ranks generate different numbers of tokens, and evaluation runs on rank 0 only.
+    Every rank must enter (the gather and the release are collectives). Memory: the full model on every rank for the
+    block, as with TRL's ``unwrap_model_for_generation``."""
+    from deepspeed.runtime.zero.stage3 import unwrap_model_for_generation
+
+    offload = getattr(engine.optimizer, "parameter_offload", None) or engine.optimizer
+    start_hook = offload.module._forward_pre_hooks.get(offload.fwd_pre_hook.id)
+    offload.fwd_pre_hook.remove()
+    try:
+        with unwrap_model_for_generation(engine):
+            yield
+    finally:
+        if start_hook is not None:
+            offload.fwd_pre_hook = offload.module.register_forward_pre_hook(start_hook, prepend=True)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """DeepSpeed logs every step and set-up detail at INFO on every rank; keep warnings and errors."""
+    import logging
+
+    from deepspeed.utils import logger
+
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

