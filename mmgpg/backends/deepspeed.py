@@ -119,7 +119,9 @@ class DeepSpeedBackend:
         for group, fn in zip(self.engine.optimizer.param_groups, self.scheduler.lr_lambdas):
             group["lr"] = settings.learning_rate * fn(self.scheduler.last_epoch)
         self.scheduler._last_lr = [g["lr"] for g in self.engine.optimizer.param_groups]
-        self.engine.gradient_clipping = lambda: float(settings.max_grad_norm)
+        self.engine._config.gradient_clipping = float(settings.max_grad_norm)  # ZeRO-0 reads the engine's config
+        if hasattr(self.engine.optimizer, "clip_grad"):  # ZeRO-1/2/3 copied it at initialisation
+            self.engine.optimizer.clip_grad = float(settings.max_grad_norm)
 
     def partition_reference(self, model: torch.nn.Module) -> torch.nn.Module:
         """A frozen model (GRPO's reference) under ZeRO-3: partitioned like the policy, no optimizer state.
@@ -171,10 +173,10 @@ class DeepSpeedBackend:
         return out
 
     def step(self) -> StepResult:
-        # ZeRO-1/2 skip a step whose gradient norm is NaN/Inf themselves; ZeRO-0/3 in float32 or bf16 would apply it.
-        # A non-finite loss on any rank (the usual source) skips the step here: gradients dropped, weights unchanged.
-        if self.zero_stage in (0, 3) and distributed.all_max(float(self._nonfinite_loss), self.comm_device) > 0:
-            self.engine.optimizer.zero_grad(set_to_none=True)  # ZeRO-3: also restarts its micro-step count
+        # ZeRO-1/2/3 skip a step whose gradient norm is NaN/Inf themselves; stage 0 (the torch optimizer) would apply
+        # it, so there a non-finite loss on any rank (the usual source) skips it: gradients dropped, weights unchanged.
+        if self.zero_stage == 0 and distributed.all_max(float(self._nonfinite_loss), self.comm_device) > 0:
+            self.engine.optimizer.zero_grad(set_to_none=True)
             self.advance_schedule()
             return StepResult(float("nan"), False)
         with _quiet():
