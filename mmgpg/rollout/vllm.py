@@ -25,6 +25,7 @@ import contextlib
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -96,6 +97,8 @@ class VLLMEngine:
                 raise ConfigError([Problem("rollout.engine", "vllm", INSTALL_HINT.split(". ")[0] + ".",
                                            INSTALL_HINT.split(". ", 1)[1])]) from None
             self._tmp = Path(tempfile.mkdtemp(prefix="mmgpg_vllm_"))
+            # vLLM reads the processor from this folder during the run; it goes with the engine or at exit
+            self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
             policy.model.save_pretrained(self._tmp)  # vLLM starts from exactly the policy's weights and processor
             policy.processor.save_pretrained(self._tmp)
             self.core = VLLMCore(CoreSettings(
@@ -193,6 +196,6 @@ class VLLMEngine:
     def close(self) -> None:
         self.core.close()
         if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._cleanup()
             self._tmp = None
 

@@ -26,6 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import weakref
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,8 @@ class ServerClient:
         base = "/dev/shm" if Path("/dev/shm").is_dir() else None
         self.sync_dir = Path(sync_dir) if sync_dir else Path(tempfile.mkdtemp(prefix="mmgpg_vllm_sync_", dir=base))
         self.sync_dir.mkdir(parents=True, exist_ok=True)
+        # a folder of our own goes with the client or at exit (it holds a full copy of the weights, in memory)
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.sync_dir), True) if self._own_sync_dir else None
         self.last_write_s = self.last_reload_s = 0.0
 
     def _wait_healthy(self) -> dict:
@@ -148,8 +151,8 @@ class ServerClient:
         self._post("/shutdown", {})
 
     def close(self) -> None:
-        if self._own_sync_dir:
-            shutil.rmtree(self.sync_dir, ignore_errors=True)
+        if self._cleanup is not None:
+            self._cleanup()
 
 
 # --------------------------------------------------------------------------------------------------------------------
