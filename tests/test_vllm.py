@@ -177,6 +177,30 @@ def test_check_holds_after_update_and_sync_and_fires_when_sync_is_skipped(tmp_pa
         trainer.engine.close()
 
 
+def test_lora_policy_syncs_merged_weights(tmp_path, monkeypatch):
+    """LoRA: vLLM gets the adapters merged into the base weights (its own LoRA does not cover the vision tower). After
+    a LoRA update + sync the agreement holds; with the merge left out of the sync it does not."""
+    from mmgpg.rollout import vllm as vllm_engine
+    from mmgpg.trainer import Trainer
+
+    trainer = Trainer(resolve([*TRAIN, "train.max_steps=10", "model.lora.rank=4", "model.lora.alpha=8",
+                               "train.learning_rate=3e-2"]), run_dir=tmp_path / "run")
+    try:
+        first, second = trainer.train_step(), trainer.train_step()
+        assert first["grad_norm"] > 0
+        for m in (first, second):  # second: sampled after the first LoRA update + merged sync
+            assert m["rollout/logprob_diff_max"] <= TOKEN_TOL and m["rollout/logprob_diff_mean"] <= MEAN_TOL, m
+        # the breakage: sync the base weights only (model.state_dict() keeps the adapters apart, under PEFT's names;
+        # without the merge vLLM would keep generating with the weights it has)
+        monkeypatch.setattr(vllm_engine, "state_dict_for_vllm", lambda model: {
+            k.replace(".base_layer", ""): v for k, v in model.state_dict().items() if "lora_" not in k})
+        trainer.train_step()
+        with pytest.raises(LogprobMismatchError):
+            trainer.train_step()
+    finally:
+        trainer.engine.close()
+
+
 def _cli(*args: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "mmgpg", *args], capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -61,12 +61,3 @@ def test_logprob_diff_over_micro_batches_and_the_limits():
         check_logprob_diff(mean, mx, n, mean_limit=None, max_limit=0.2, step=0)
     nothing = LogprobDiff().reduce()
     assert nothing[2] == 0 and check_logprob_diff(*nothing, mean_limit=1e-9, max_limit=1e-9, step=0)
-
-
-def test_lora_policy_is_refused(tiny_dirs):
-    from mmgpg.modelload import load_for_training
-
-    cfg = resolve(["model=tiny", "rollout.engine=vllm", "model.lora.rank=4"]).config
-    lora_policy = load_for_training(cfg.model, "cpu", "float32")
-    with pytest.raises(ConfigError, match="LoRA adapters are not synced to vLLM"):
-        build_engine("vllm", lora_policy, cfg)

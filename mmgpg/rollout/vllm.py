@@ -39,10 +39,14 @@ from mmgpg.rollout.vllm_core import CoreSettings, Request
 
 
 def state_dict_for_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's tensors by Hugging Face name, each storage once (tied weights would otherwise be written twice)."""
+    """The model's tensors by Hugging Face name, each storage once (tied weights would otherwise be written twice);
+    LoRA adapters merged into their base weights (:func:`mmgpg.lora.merged_state_dict`: vLLM's own LoRA does not
+    cover the vision tower, and merged weights keep one code path)."""
+    from mmgpg.lora import merged_state_dict
+
     seen: set[int] = set()
     out = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in merged_state_dict(model).items():
         ptr = tensor.data_ptr()
         if ptr in seen:
             continue
@@ -99,8 +103,9 @@ class VLLMEngine:
             self._tmp = Path(tempfile.mkdtemp(prefix="mmgpg_vllm_"))
             # vLLM reads the processor from this folder during the run; it goes with the engine or at exit
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
-            policy.model.save_pretrained(self._tmp)  # vLLM starts from exactly the policy's weights and processor
-            policy.processor.save_pretrained(self._tmp)
+            from mmgpg.lora import save_policy
+
+            save_policy(policy, self._tmp)  # vLLM starts from exactly the policy's (merged) weights and processor
             self.core = VLLMCore(CoreSettings(
                 model=str(self._tmp), dtype=self.dtype, max_model_len=self.max_model_len, max_images=r.vllm_max_images,
                 min_pixels=policy.min_pixels, max_pixels=policy.max_pixels, seed=cfg.seed,
@@ -109,14 +114,9 @@ class VLLMEngine:
 
     @staticmethod
     def _check_settings(r, policy: Policy) -> None:
-        from mmgpg.lora import is_lora
         from mmgpg.schema import ConfigError, Problem
 
         problems = []
-        if is_lora(policy):
-            problems.append(Problem("rollout.engine", "vllm", "LoRA adapters are not synced to vLLM yet (a sync would "
-                                    "need the merged weights or vLLM's LoRA support).",
-                                    "use rollout.engine=hf with model.lora, or train the full weights with vllm."))
         if r.logprob_check and (r.top_p < 1 or r.top_k > 0):
             problems.append(Problem(
                 "rollout.top_p/top_k", f"{r.top_p}/{r.top_k}",
