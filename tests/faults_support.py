@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,23 @@ def mmgpg(*args: str, cwd: Path | None = None, check: bool = True, timeout: floa
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def kill_after_checkpoint(cmd: list[str], run: Path, step: int = 2, *, env: dict | None = None,
+                          timeout: float = 300.0, group: bool = False) -> None:
+    """Start ``cmd``, wait until ``run``'s checkpoint ``step`` is COMPLETE, then SIGKILL it (``group``: its whole
+    process group at once, e.g. torchrun and its ranks)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=group)
+    marker = run / "checkpoints" / f"step-{step:08d}" / "COMPLETE"
+    deadline = time.time() + timeout
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, f"the run ended before its checkpoint {step}"
+        time.sleep(0.05)
+    if group:
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
 
 
 def steps(run: Path, name: str = "metrics.jsonl") -> list[int]:

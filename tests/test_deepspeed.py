@@ -288,9 +288,7 @@ def _comparable(run: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_zero3_torchrun_resume_after_sigkill_is_exact(tmp_path):
-    import signal
     import subprocess
-    import time
 
     from safetensors.torch import load_file
 
@@ -300,13 +298,9 @@ def test_zero3_torchrun_resume_after_sigkill_is_exact(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
     cmd, env = _torchrun(*DS_TRAIN, f"output_dir={killed}")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
-    deadline = time.time() + 600
-    while not (killed / "checkpoints" / "step-00000002" / "COMPLETE").exists():
-        assert proc.poll() is None and time.time() < deadline, "the run ended before its second checkpoint"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and both ranks, at once
-    proc.wait()
+    from faults_support import kill_after_checkpoint
+
+    kill_after_checkpoint(cmd, killed, env=env, timeout=600, group=True)  # torchrun and both ranks, at once
     assert not (killed / "checkpoints" / "step-00000004").exists()
 
     cmd, env = _torchrun(*DS_TRAIN, f"output_dir={killed}", "train.resume=true")

@@ -5,14 +5,12 @@ an SFT run with LoRA stopped and continued equals the straight one."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from faults_support import kill_after_checkpoint
 from safetensors.torch import load_file
 from test_trainer import FIXTURES, TINY, _comparable, read_metrics, run_cli
 
@@ -28,14 +26,7 @@ def test_lora_grpo_resume_after_sigkill_is_exact_and_checkpoints_evaluate(tmp_pa
             "train.save_every=1", "train.keep_last=10", "algo.min_valid_fraction=0.5", "algo.max_resample_attempts=3"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run_cli(*args, f"output_dir={straight}")
-    proc = subprocess.Popen([sys.executable, "-m", "mmgpg", *args, f"output_dir={killed}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (killed / "checkpoints" / "step-00000002" / "COMPLETE").exists():
-        assert proc.poll() is None and time.time() < deadline, "the run ended before its second checkpoint"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint([sys.executable, "-m", "mmgpg", *args, f"output_dir={killed}"], killed)
     assert "step-00000004" not in [p.name for p in (killed / "checkpoints").iterdir()]
     run_cli(*args, f"output_dir={killed}", "train.resume=true")
 

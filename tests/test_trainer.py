@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from faults_support import kill_after_checkpoint
 from safetensors.torch import load_file
 
 from mmgpg.config import resolve
@@ -112,14 +113,7 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     run_cli(*args, f"output_dir={straight}")
 
-    proc = subprocess.Popen([sys.executable, "-m", "mmgpg", *args, f"output_dir={killed}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (killed / "checkpoints" / "step-00000002" / "COMPLETE").exists():
-        assert proc.poll() is None and time.time() < deadline, "the run ended before its second checkpoint"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint([sys.executable, "-m", "mmgpg", *args, f"output_dir={killed}"], killed)
     done = sorted(p.name for p in (killed / "checkpoints").glob("step-*"))
     assert "step-00000005" not in done
     # A crash while writing the next checkpoint leaves a temp dir and/or a dir without COMPLETE: both are ignored.
