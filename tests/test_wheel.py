@@ -49,6 +49,13 @@ def test_wheel_installs_into_a_fresh_venv(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)],
                    check=True, capture_output=True, timeout=600)
     (wheel,) = dist.glob("mmgpg-*.whl")
+    import zipfile
+
+    # every module of the source tree is in the wheel (sub-packages are listed one by one in pyproject.toml)
+    in_wheel = set(zipfile.ZipFile(wheel).namelist())
+    missing = [str(p.relative_to(REPO)) for p in (REPO / "mmgpg").rglob("*.py")
+               if "__pycache__" not in p.parts and str(p.relative_to(REPO)) not in in_wheel]
+    assert not missing, f"modules missing from the wheel (add their package to pyproject.toml): {missing}"
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
