@@ -104,7 +104,7 @@ class Trainer:
             else:  # transformers 5.19
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         self.backend.prepare(model, self._optimizer_settings())
-        if self.reference is not None and hasattr(self.backend, "partition_reference"):  # ZeRO-3: partitioned too
+        if self.reference is not None and self.reference is not self.policy:  # ZeRO-3: partitioned too
             self.reference.model = self.backend.partition_reference(self.reference.model)
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
         self.sampling = Sampling.from_config(cfg.rollout)

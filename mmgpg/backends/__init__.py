@@ -90,6 +90,11 @@ class TrainingBackend(Protocol):
         full weights are usable for the whole block (ZeRO-3 gathers them once instead of once per token)."""
         ...
 
+    def partition_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        """A frozen model (GRPO's reference) placed as the backend places the policy, without optimizer state (ZeRO-3:
+        partitioned; otherwise the model as it is)."""
+        ...
+
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The full weights for ``save_pretrained`` (collective; None: the model's own state dict is complete)."""
         ...

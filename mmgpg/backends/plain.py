@@ -109,6 +109,9 @@ class PlainBackend:
     def generation_context(self) -> AbstractContextManager:
         return contextlib.nullcontext()
 
+    def partition_reference(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model  # a full copy per process, as the policy
+
     def full_state_dict(self) -> None:
         return None
 
