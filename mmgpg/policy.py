@@ -51,10 +51,21 @@ class PromptBatch:
     image_grid_thw: torch.Tensor | None  # [num_images, 3]
     images_per_prompt: list[int]
     texts: list[str]
+    images: list | None = None  # the loaded, resized images the processor saw (flat over prompts); encode_prompts only
 
     @property
     def num_prompts(self) -> int:
         return self.input_ids.shape[0]
+
+    def prompt_images(self) -> list[list]:
+        """:attr:`images` per prompt (for an engine that takes images rather than pixel tensors, such as vLLM)."""
+        if self.images is None and sum(self.images_per_prompt):
+            raise ValueError("this PromptBatch does not carry its images (only encode_prompts' batches do)")
+        out, start = [], 0
+        for n in self.images_per_prompt:
+            out.append(list(self.images[start : start + n]) if n else [])
+            start += n
+        return out
 
     def to(self, device: torch.device | str) -> PromptBatch:
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
@@ -208,6 +219,7 @@ class Policy:
             image_grid_thw=enc.get("image_grid_thw"),
             images_per_prompt=images_per_prompt,
             texts=texts,
+            images=images,
         )
 
     # ---- sampling -------------------------------------------------------------------------------------------------

@@ -131,17 +131,6 @@ class VLLMEngine:
 
     # ---- generation -----------------------------------------------------------------------------------------------
 
-    def _images(self, conversations: Sequence[list[dict]]) -> list[list]:
-        """Each conversation's images, loaded and resized as encode_prompts does (qwen_vl_utils, policy bounds)."""
-        from qwen_vl_utils import extract_vision_info, process_vision_info
-
-        out = []
-        for conv in conversations:
-            conv = self.policy._with_pixel_bounds(conv)
-            n = len(extract_vision_info([conv]))
-            out.append(list(process_vision_info([conv], image_patch_size=self.policy.patch_size)[0]) if n else [])
-        return out
-
     def generate(self, conversations: Sequence[list[dict]], group_size: int, sampling: Sampling) -> CompletionBatch:
         policy = self.policy
         batch = policy.encode_prompts(conversations)  # the prompt-length guard; the update reuses this encoding
@@ -156,7 +145,7 @@ class VLLMEngine:
         if key is None and sampling.temperature > 0:
             key = (int(torch.randint(0, 2**62, ())),)  # like HF sampling: drawn from torch's RNG
         requests = [Request(text, images, group_size, None if key is None else request_seed(*key, p))
-                    for p, (text, images) in enumerate(zip(batch.texts, self._images(conversations)))]
+                    for p, (text, images) in enumerate(zip(batch.texts, batch.prompt_images()))]
         knobs = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
                  "top_p": sampling.top_p, "top_k": sampling.top_k}
         results = self.core.generate(requests, knobs, stop_token_ids=list(policy.eos_token_ids),
