@@ -51,7 +51,7 @@ def _worker(rank: int, world: int, init: str, out: str, setup: str, steps: int, 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     from mmgpg.config import resolve
-    from mmgpg.trainer import Trainer
+    from mmgpg.train.trainer import Trainer
 
     trainer = Trainer(resolve([*ARGS, *SETUPS[setup], f"train.max_steps={steps}", f"output_dir={out}/run"]))
     times = []

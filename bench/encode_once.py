@@ -1,6 +1,6 @@
 """What encoding each prompt's images once (shared by its G completions) saves in the log-prob forward + backward.
 
-The peer is the same :meth:`mmgpg.policy.Policy.completion_logprobs` with ``encode_images_once=False``, which runs
+The peer is the same :meth:`mmgpg.models.qwen_vl.Policy.completion_logprobs` with ``encode_images_once=False``, which runs
 the vision tower on G copies of every image (what a naive ``repeat_interleave`` of the batch does). Both run side by
 side in one process on the same rollout, alternating, and the log-probs are checked to agree.
 
@@ -24,8 +24,8 @@ import torch
 def build(dims: str):
     from transformers import Qwen2VLForConditionalGeneration
 
-    from mmgpg.policy import Policy
-    from mmgpg.tiny import TINY, Dims, build_config, build_processor, build_tokenizer
+    from mmgpg.models.qwen_vl import Policy
+    from mmgpg.models.tiny import TINY, Dims, build_config, build_processor, build_tokenizer
 
     tok = build_tokenizer()
     if dims == "tiny":

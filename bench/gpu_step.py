@@ -38,9 +38,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from mmgpg.config import resolve
-    from mmgpg.policy import Policy
-    from mmgpg.tiny import build_model
-    from mmgpg.trainer import Trainer
+    from mmgpg.models.qwen_vl import Policy
+    from mmgpg.models.tiny import build_model
+    from mmgpg.train.trainer import Trainer
 
     device = torch.device(args.device)
     t0 = time.perf_counter()

@@ -32,7 +32,7 @@ def _peak_mb() -> float:
 def child(method: str, tokens: int, chunk: int, vocab: int, hidden_size: int, threads: int) -> dict:
     import torch
 
-    from mmgpg.logprobs import chunked_token_logprobs
+    from mmgpg.models.logprobs import chunked_token_logprobs
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(0)

@@ -34,7 +34,7 @@ def build(size: str, out: Path) -> Path:
     import torch
     from transformers import Qwen2VLForConditionalGeneration
 
-    from mmgpg.tiny import TINY, Dims, build_config, build_processor, build_tokenizer
+    from mmgpg.models.tiny import TINY, Dims, build_config, build_processor, build_tokenizer
 
     tok = build_tokenizer()
     d = TINY if size == "tiny" else Dims(151936, 1536, 8960, 2, 12, 2, (16, 24, 24), 1e6, True, 2, 64, 4, 128)
@@ -51,9 +51,9 @@ def build(size: str, out: Path) -> Path:
 def child(model_dir: str, rank: int, steps: int, threads: int, run_dir: str) -> dict:
     import torch
 
-    from mmgpg import lora
     from mmgpg.config import resolve
-    from mmgpg.trainer import Trainer
+    from mmgpg.models import lora
+    from mmgpg.train.trainer import Trainer
 
     torch.set_num_threads(threads)
     args = ["task=shapes_parity", f"model.name_or_path={model_dir}", "model.dtype=float32", "model.max_pixels=12544",

@@ -32,10 +32,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
+    from mmgpg.backends.memory import model_shape, plan_memory
+    from mmgpg.cli.plan import gib
     from mmgpg.config import resolve
-    from mmgpg.plan import model_shape, plan_memory
-    from mmgpg.plan_cli import gib
-    from mmgpg.tiny import save_config_only
+    from mmgpg.models.tiny import save_config_only
 
     lines = [f"# `python bench/plan_table.py{' --out ' + args.out if args.out else ''}`", ""]
     lines += [f"`mmgpg plan` on {args.gpus} x {args.gpu_memory_gb:g} GiB, 1 node, for the real dimensions of each model "

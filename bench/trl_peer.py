@@ -5,10 +5,10 @@ Performance is measured here, never asserted in tests.
     python bench/trl_peer.py                          # defaults: P=2 prompts x G=8, 32 new tokens, 10 steps, 3 pairs
     python bench/trl_peer.py --repeats 5 --steps 12   # more pairs for a steadier ratio
 
-What is shared. The script builds the ~1 M-parameter tiny Qwen2-VL once (:func:`mmgpg.tiny.build_and_save`, random
+What is shared. The script builds the ~1 M-parameter tiny Qwen2-VL once (:func:`mmgpg.models.tiny.build_and_save`, random
 init, offline) into a temporary directory; both sides load that directory. Both train on the first ``--num-prompts``
 items (default ``steps x P``) of the ``shapes`` train split (:class:`mmgpg_tasks.shapes.ShapesTask`) and see the same
-prompts in the same order: the TRL dataset is laid out in mmgpg's :class:`mmgpg.stream.PromptStream` order and TRL does
+prompts in the same order: the TRL dataset is laid out in mmgpg's :class:`mmgpg.train.stream.PromptStream` order and TRL does
 not shuffle it (the ids each side used are recorded and checked equal). Both use P prompts x G completions per
 optimizer step, at most ``--max-new-tokens`` new tokens, lr 1e-4 constant without warmup, AdamW (torch, not fused,
 weight decay 0), gradient clipping at 1.0, float32, temperature 1, top_p 1, top_k 0, the five vision special tokens
@@ -102,7 +102,7 @@ def _other_load(start: tuple[float, float, float]) -> float:
 
 def prompt_order(num_prompts: int, prompts_per_step: int, steps: int, seed: int) -> list[int]:
     """Item indices in the order mmgpg's single-rank prompt stream draws them (one draw per step, no resampling)."""
-    from mmgpg.stream import PromptStream
+    from mmgpg.train.stream import PromptStream
 
     stream = PromptStream(num_prompts, seed)
     return [i for _ in range(steps) for i in stream.next(prompts_per_step)]
@@ -123,7 +123,7 @@ def child_mmgpg(a: argparse.Namespace) -> dict:
     from transformers import AutoModelForImageTextToText, AutoProcessor, get_scheduler  # noqa: F401
 
     from mmgpg.config import resolve
-    from mmgpg.trainer import Trainer
+    from mmgpg.train.trainer import Trainer
 
     rss_imports = _maxrss_mib()
     run_dir = Path(a.run_dir)  # the Trainer creates it
@@ -413,7 +413,7 @@ def main() -> None:
     import transformers
     import trl
 
-    from mmgpg.tiny import build_and_save, count_parameters
+    from mmgpg.models.tiny import build_and_save, count_parameters
 
     command = "python bench/trl_peer.py" + "".join(f" {x}" for x in sys.argv[1:])
     versions = {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,

@@ -85,7 +85,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from mmgpg.config import Config
-    from mmgpg.modelload import load_policy
+    from mmgpg.models.load import load_policy
     from mmgpg.rollout.engine import build_engine
 
     policy = load_policy("tiny", dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu",

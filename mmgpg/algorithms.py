@@ -188,7 +188,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     Gradient as a loss: ``∇k3 = (1 - π_ref/π_θ)(o) · ∇log π_θ(o)``, whose on-policy expectation is
     ``E_π[∇log π] - E_{π_ref}[∇log π] = ∇ KL(π_ref ‖ π_θ)``: the **forward**-KL gradient (TRL's GRPO, the GPG forks,
     verl's low_var_kl). In a binary-outcome model its stationary point solves ``β (p - p_ref) = p (1-p) Ω(p)``, not
-    the paper's recursion (see :mod:`mmgpg.theory`).
+    the paper's recursion (see :mod:`mmgpg.theory.predict`).
     ``kl_k3(log 0.5, log 0.25)``: d = log 0.5 → ``0.5 - log 0.5 - 1`` = ``0.19315``.
     """
     d = ref_logp - logp

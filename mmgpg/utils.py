@@ -61,7 +61,7 @@ class GracefulStop:
 def resolve_device(name: str) -> torch.device:
     """``auto`` → ``cuda:LOCAL_RANK`` when a GPU exists, else ``cpu``; anything else as torch reads it."""
     if name == "auto":
-        from mmgpg.modelload import default_device
+        from mmgpg.models.load import default_device
 
         return default_device()
     device = torch.device(name)

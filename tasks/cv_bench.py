@@ -22,7 +22,7 @@ Prompt: ``prompt_style=base`` (the GPG run: the base model ``Qwen2-VL-2B`` with 
 ``<think>``, no chat template, image first with a literal ``<image>`` kept in the text; the format reward then
 prepends ``<think>``) or ``instruct`` (a chat turn with the instruction suffix). Judging rule:
 ``GPG:VisualThinker-R1-Zero/src/eval/evaluate_Qwen2_VL_CVBench-base.py:178-233`` — see
-:func:`mmgpg.judges.choice_judge`. Metrics: ``total`` = correct / all items (micro; the paper truncates to two
+:func:`mmgpg.task.judges.choice_judge`. Metrics: ``total`` = correct / all items (micro; the paper truncates to two
 decimals), and per-category accuracy ``count``, ``relation``, ``depth``, ``distance``.
 """
 
@@ -33,12 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmgpg import mathjudge
-from mmgpg.judged import JudgedTask, require
-from mmgpg.judges import Judgement, choice_judge
-from mmgpg.rewards import LETTERS, extract_answer, sat_string_reward, strict_choice, strict_label_match
-from mmgpg.task import Example, image_parts
-from mmgpg.taskdata import load_records, open_image
+from mmgpg.task import Example, image_parts, mathjudge
+from mmgpg.task.data import load_records, open_image
+from mmgpg.task.judged import JudgedTask, require
+from mmgpg.task.judges import Judgement, choice_judge
+from mmgpg.task.rewards import LETTERS, extract_answer, sat_string_reward, strict_choice, strict_label_match
 
 R1_ZERO = ("A conversation between User and Assistant. The user asks a question about the image, and the Assistant "
            "solves it. The assistant first thinks about the reasoning process in the mind and then provides the user "
@@ -111,7 +110,7 @@ class CVBenchTask(JudgedTask):
 
     def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
         """``paper`` (``GPG:VisualThinker-R1-Zero/src/open-r1-multimodal/src/open_r1/grpo.py:83-130``): math-verify
-        against the solution, else :func:`mmgpg.rewards.sat_string_reward`. ``strict``: the answer tag names
+        against the solution, else :func:`mmgpg.task.rewards.sat_string_reward`. ``strict``: the answer tag names
         exactly the right option (by text or letter). Test items (lettered answers) use the judge."""
         if "solution" not in example.meta:
             return self.judge(completion, example, protocol).correct

@@ -26,12 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mmgpg import mathjudge
-from mmgpg.judged import JudgedTask, require
-from mmgpg.judges import Judgement, label_judge
-from mmgpg.rewards import answer_or_whole, extract_answer, paper_label_match, strict_label_match
-from mmgpg.task import Example
-from mmgpg.taskdata import load_records, open_image, shipped
+from mmgpg.task import Example, mathjudge
+from mmgpg.task.data import load_records, open_image, shipped
+from mmgpg.task.judged import JudgedTask, require
+from mmgpg.task.judges import Judgement, label_judge
+from mmgpg.task.rewards import answer_or_whole, extract_answer, paper_label_match, strict_label_match
 
 DATASETS = {
     # name: (hub id of the 4-shot training set, subject, what to identify)

@@ -18,7 +18,7 @@ Prompts: training uses R1-V's ``"{Question}  Output the thinking process in <thi
 split uses the evaluation script's single space (``GPG:R1-V/src/eval/test_qwen2vl_geoqa.py:32-52``).
 
 Judging rule (``GPG:R1-V/src/eval/test_qwen2vl_geoqa.py:96-106``), ``paper``: ``verify(parse(output),
-parse(ground_truth))`` over the whole output — see :func:`mmgpg.judges.math_judge` for its quirks. Training reward,
+parse(ground_truth))`` over the whole output — see :func:`mmgpg.task.judges.math_judge` for its quirks. Training reward,
 ``paper`` (``GPG:R1-V/src/r1-v/src/open_r1/grpo.py:69-109``): the same math-verify test against the ``solution``
 string, else exact string equality of the ``<answer>`` groups. ``strict`` uses the answer tag only, in LaTeX form.
 """
@@ -28,12 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mmgpg import mathjudge
-from mmgpg.judged import JudgedTask, require
-from mmgpg.judges import Judgement, math_judge
-from mmgpg.rewards import answer_or_whole
-from mmgpg.task import Example
-from mmgpg.taskdata import load_records, open_image, shipped
+from mmgpg.task import Example, mathjudge
+from mmgpg.task.data import load_records, open_image, shipped
+from mmgpg.task.judged import JudgedTask, require
+from mmgpg.task.judges import Judgement, math_judge
+from mmgpg.task.rewards import answer_or_whole
 
 SUFFIX = "Output the thinking process in <think> </think> and final answer (number) in <answer> </answer> tags."
 GET_TRAIN = ("Download it on a connected machine with `python -c \"import datasets; datasets.load_dataset("

@@ -20,9 +20,9 @@ original image's width and height (truncated, as ``gen_sft.py`` does); ``qwen2_5
 as the model sees it after resizing to ``[min_pixels, max_pixels]`` (set them as in ``model``).
 
 Rewards (``GPG:Visual-RFT/src/virft/src/open_r1/grpo_lisa.py:74-168``): ``paper`` = GIoU + 1 of the answer's box
-with the multi-box quirk, 2.0 on an exact string match (:func:`mmgpg.rewards.paper_box_reward`); ``strict`` = GIoU + 1
+with the multi-box quirk, 2.0 on an exact string match (:func:`mmgpg.task.rewards.paper_box_reward`); ``strict`` = GIoU + 1
 of a single valid box inside the answer tag. Judge (``Qwen2_VL_lisa_infere.py:116-136``, ``merge_eval.py``): box IoU
-of the first box anywhere in the output, failures 0; ``miou`` = mean IoU (:func:`mmgpg.judges.box_judge`).
+of the first box anywhere in the output, failures 0; ``miou`` = mean IoU (:func:`mmgpg.task.judges.box_judge`).
 Mask gIoU (``box2mask.py``, ``mask_iou.py``): set ``task.sam_checkpoint`` to a SAM checkpoint directory
 (``facebook/sam-vit-huge``, the HF port of the reference's ViT-H); without one only box metrics are reported.
 """
@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmgpg.judged import JudgedTask, require
-from mmgpg.judges import Judgement, box_judge
-from mmgpg.rewards import box_text, paper_box_reward, pixels_to_norm1000, rescale_box, strict_box_reward
 from mmgpg.task import Example, LazyExamples
-from mmgpg.taskdata import DataNotFound, open_image
+from mmgpg.task.data import DataNotFound, open_image
+from mmgpg.task.judged import JudgedTask, require
+from mmgpg.task.judges import Judgement, box_judge
+from mmgpg.task.rewards import box_text, paper_box_reward, pixels_to_norm1000, rescale_box, strict_box_reward
 
 TRAIN_TEMPLATE = ("{Question} Output the thinking process in <think> </think> and your grouding box. Following "
                   "\"<think> thinking process </think>\n<answer>(x1,y1),(x2,y2)</answer>)\" format.")
@@ -174,7 +174,7 @@ class LisaGroundingTask(JudgedTask):
         """gIoU / cIoU of SAM masks prompted with the predicted boxes (empty dict without ``sam_checkpoint``)."""
         if not self.sam_checkpoint:
             return {}
-        from mmgpg.segmentation import SamMasker, evaluate_masks, gt_mask, ignore_mask
+        from mmgpg.task.masks import SamMasker, evaluate_masks, gt_mask, ignore_mask
 
         images, boxes, gts, ignores = [], [], [], []
         for record, ex in zip(records, examples):

@@ -28,9 +28,10 @@ from mmgpg_tasks.fine_grained import classification_question
 from mmgpg_tasks.shapes import COLOURS, SIZES, draw_scene
 from PIL import Image
 
-from mmgpg.judged import JudgedTask
-from mmgpg.judges import Judgement, box_judge, choice_judge, label_judge, math_judge
-from mmgpg.rewards import (
+from mmgpg.task import Example, LazyExamples
+from mmgpg.task.judged import JudgedTask
+from mmgpg.task.judges import Judgement, box_judge, choice_judge, label_judge, math_judge
+from mmgpg.task.rewards import (
     LETTERS,
     box_text,
     extract_answer,
@@ -39,7 +40,6 @@ from mmgpg.rewards import (
     pixels_to_norm1000,
     strict_box_reward,
 )
-from mmgpg.task import Example, LazyExamples
 
 KINDS = ("count_mc", "count", "relation", "colour", "grounding")
 TAGS = "Output the thinking process in <think> </think> and final answer in <answer> </answer> tags."

@@ -24,8 +24,8 @@ from typing import ClassVar
 
 from PIL import Image, ImageDraw
 
-from mmgpg.rewards import format_reward, integer_accuracy, parse_int
 from mmgpg.task import Example, LazyExamples, Task, image_parts
+from mmgpg.task.rewards import format_reward, integer_accuracy, parse_int
 
 BACKGROUND = (123, 117, 104)
 COLOURS = {

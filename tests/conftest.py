@@ -31,7 +31,7 @@ def _threads():
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     """A saved tiny model of each family: {"qwen2_vl": dir, "qwen2_5_vl": dir}."""
-    from mmgpg.tiny import build_and_save
+    from mmgpg.models.tiny import build_and_save
 
     root = tmp_path_factory.mktemp("tiny")
     return {fam: build_and_save(root / fam, family=fam) for fam in ("qwen2_vl", "qwen2_5_vl")}

@@ -34,7 +34,7 @@ def trainer_args(model_dir: str, out: str, algo: str = "gpg", *extra: str) -> li
 
 def make_trainer(model_dir: str, out: str, algo: str = "gpg", *extra: str):
     from mmgpg.config import resolve
-    from mmgpg.trainer import Trainer
+    from mmgpg.train.trainer import Trainer
 
     return Trainer(resolve(trainer_args(model_dir, out, algo, *extra)))
 

@@ -82,7 +82,7 @@ def test_shape_true_dimensions_without_weights():
     import torch
     from transformers import AutoModelForImageTextToText
 
-    from mmgpg.tiny import build_config, build_tokenizer, count_parameters, dims_for
+    from mmgpg.models.tiny import build_config, build_tokenizer, count_parameters, dims_for
 
     cfg = build_config("qwen2_vl", dims_for("qwen2_vl", "shape_true"), build_tokenizer())
     with torch.device("meta"):

@@ -237,8 +237,8 @@ def _checkpoint_worker(rank: int, world: int, init_file: str, model_dir: str, ou
 def test_zero3_checkpoint_policy_loads_in_transformers_and_answers_like_the_live_model(tiny_dirs, tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from mmgpg.checkpoint import verify_checkpoint
-    from mmgpg.policy import Policy
+    from mmgpg.models.qwen_vl import Policy
+    from mmgpg.train.checkpoint import verify_checkpoint
 
     model_dir = str(tiny_dirs["qwen2_vl"])
     spawn(_checkpoint_worker, (2, str(tmp_path / "init"), model_dir, str(tmp_path)))

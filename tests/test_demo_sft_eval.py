@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from mmgpg.evaluate import evaluate
-from mmgpg.modelload import load_policy
+from mmgpg.evaluation.run import evaluate
+from mmgpg.models.load import load_policy
 from mmgpg.rollout.hf import HFEngine
-from mmgpg.sft import gold_rollout
 from mmgpg.task import build_task
+from mmgpg.train.sft import gold_rollout
 
 
 def mmgpg(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -90,7 +90,7 @@ def test_demo_quick_end_to_end_and_plot(tmp_path):
 def test_sampled_scores_average_over_samples(tiny_dirs):
     import torch
 
-    from mmgpg.evaluate import sampled_scores
+    from mmgpg.evaluation.run import sampled_scores
 
     policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
     task = build_task(f"{__file__.rsplit('/', 1)[0]}/fixture_tasks.py:ParityShapes")

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mmgpg import diagnose as D
 from mmgpg.cli import main
 from mmgpg.config import resolve, save_config
+from mmgpg.theory import diagnose as D
 
 FIXTURES = Path(__file__).with_name("fixture_tasks.py")
 
@@ -175,7 +175,7 @@ def test_train_probe_diagnose_on_a_real_cpu_run(tmp_path):
 
 
 def test_probe_file_and_checkpoint_lookup(tmp_path):
-    from mmgpg.probe import locate, run_config, write_probe
+    from mmgpg.theory.probe import locate, run_config, write_probe
 
     run = tmp_path / "run"
     save_config(resolve(["algo=gpg", "rollout.temperature=0.7"]), run, "train")

@@ -2,9 +2,9 @@
 
 import doctest
 
-import mmgpg.logprobs
+import mmgpg.models.logprobs
 
 
 def test_logprobs_doctests():
-    result = doctest.testmod(mmgpg.logprobs)
+    result = doctest.testmod(mmgpg.models.logprobs)
     assert result.attempted >= 3 and result.failed == 0

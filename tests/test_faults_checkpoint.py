@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from faults_support import TINY, mmgpg, steps
 
-from mmgpg import checkpoint as ckpt_mod
-from mmgpg.checkpoint import CheckpointError, complete_checkpoints, latest_checkpoint, verify_checkpoint
+from mmgpg.train import checkpoint as ckpt_mod
+from mmgpg.train.checkpoint import CheckpointError, complete_checkpoints, latest_checkpoint, verify_checkpoint
 
 
 def _truncate(path: Path, keep: float = 0.5) -> None:
@@ -140,7 +140,7 @@ def test_a_kill_during_the_log_rewrite_leaves_the_old_log(tmp_path):
     rows = [{"step": s, "reward/total": 0.5, "pad": "x" * 200} for s in range(1, 201)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     original = path.read_bytes()
-    code = ("import resource, signal; from pathlib import Path; from mmgpg.resume import truncate_logs\n"
+    code = ("import resource, signal; from pathlib import Path; from mmgpg.train.resume import truncate_logs\n"
             "signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it by default\n"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
             f"truncate_logs(Path({str(tmp_path)!r}), 150)\n")
@@ -148,7 +148,7 @@ def test_a_kill_during_the_log_rewrite_leaves_the_old_log(tmp_path):
     assert proc.returncode == -signal.SIGXFSZ, proc.stderr  # really killed mid-write
     assert path.read_bytes() == original
     # the next (unlimited) resume rewrites it and removes the half-written temporary file
-    from mmgpg.resume import truncate_logs
+    from mmgpg.train.resume import truncate_logs
 
     truncate_logs(tmp_path, 150)
     assert steps(tmp_path) == list(range(1, 151))

@@ -14,7 +14,7 @@ from faults_support import mmgpg, steps
 from PIL import Image
 
 from mmgpg.task import SkipBadRows, build_task, good_items
-from mmgpg.taskdata import DataError, DataNotFound, open_image
+from mmgpg.task.data import DataError, DataNotFound, open_image
 
 
 def _png(path: Path, size=(64, 48), colour=(200, 30, 30)) -> Path:

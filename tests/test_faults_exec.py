@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmgpg.checkpoint import CheckpointError, load_trainer_state, verify_checkpoint
+from mmgpg.train.checkpoint import CheckpointError, load_trainer_state, verify_checkpoint
 
 EVIL_MODULE = """
 open({marker!r}, "w").write("code ran")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from faults_support import mmgpg
 
-from mmgpg.modelload import load_policy
+from mmgpg.models.load import load_policy
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mmgpg.cli import main
-from mmgpg.judges import Judgement, math_judge
+from mmgpg.task.judges import Judgement, math_judge
 
 EXCERPT = Path(__file__).resolve().parent / "fixtures" / "geoqa_grpo_log_excerpt.jsonl"
 

@@ -11,9 +11,9 @@ from mmgpg_tasks.fine_grained import class_names
 from PIL import Image
 
 from mmgpg.cli import main
-from mmgpg.evaluate import rescore
-from mmgpg.judges import choice_judge, label_judge, math_judge
+from mmgpg.evaluation.run import rescore
 from mmgpg.task import build_task, task_rewards
+from mmgpg.task.judges import choice_judge, label_judge, math_judge
 
 
 def _png(path, size=(64, 48), colour=(200, 30, 30)):
@@ -158,7 +158,7 @@ def test_cv_bench_on_anchor_schema_fixtures(tmp_path):
 
 
 def test_policy_renders_raw_prompts(tiny_dirs):
-    from mmgpg.modelload import load_policy
+    from mmgpg.models.load import load_policy
 
     tiny_policy = load_policy(str(tiny_dirs["qwen2_vl"]))
     image = Image.new("RGB", (56, 56), (10, 20, 30))
@@ -255,8 +255,8 @@ from typing import ClassVar
 
 from PIL import Image
 
-from mmgpg.judges import label_judge
-from mmgpg.rewards import extract_answer, format_reward, strict_label_match
+from mmgpg.task.judges import label_judge
+from mmgpg.task.rewards import extract_answer, format_reward, strict_label_match
 from mmgpg.task import Example, LazyExamples
 
 
@@ -328,8 +328,8 @@ def test_a_task_file_outside_the_repo_trains_and_evaluates(tmp_path):
 
 
 def test_lisa_evaluation_with_a_sam_checkpoint_reports_mask_metrics(tmp_path, tiny_dirs, tiny_sam_dir):
-    from mmgpg.evaluate import evaluate
-    from mmgpg.modelload import load_policy
+    from mmgpg.evaluation.run import evaluate
+    from mmgpg.models.load import load_policy
     from mmgpg.rollout.hf import HFEngine
 
     _reasonseg(tmp_path, "test", "b", [[50, 25], [150, 25], [150, 75]], ["the object"])

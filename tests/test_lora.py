@@ -11,9 +11,9 @@ import torch
 from conftest import two_image_conversations
 from test_policy_roundtrip import reference_logprobs
 
-from mmgpg import lora
 from mmgpg.config import ConfigError, LoraConfig, resolve, to_yaml
-from mmgpg.modelload import load_policy
+from mmgpg.models import lora
+from mmgpg.models.load import load_policy
 
 PIXELS = dict(dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
 
@@ -109,7 +109,7 @@ def test_reference_with_the_adapter_off_is_exactly_the_base_model(tiny_dirs):
 def test_merged_weights_equal_peft_merge_and_reload_with_identical_greedy_answers(tiny_dirs, tmp_path):
     from transformers import AutoModelForImageTextToText
 
-    from mmgpg.policy import Policy
+    from mmgpg.models.qwen_vl import Policy
 
     path = tiny_dirs["qwen2_vl"]
     policy = _lora_policy(path, vision=True, merger=True, trainable_modules=["lm_head"])
@@ -161,7 +161,7 @@ def test_checkpoints_from_before_lora_resume_without_a_config_change():
     """A config.yaml written before model.lora existed ran with its defaults (rank 0): not a change on resume."""
     import yaml
 
-    from mmgpg.resume import config_changes
+    from mmgpg.train.resume import config_changes
 
     new = yaml.safe_load(to_yaml(resolve([]).config))
     old = copy.deepcopy(new)

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from mmgpg import lora
-from mmgpg import plan as P
+from mmgpg.backends import memory as P
 from mmgpg.cli import main
 from mmgpg.config import LoraConfig, resolve
-from mmgpg.modelload import load_policy
-from mmgpg.tiny import save_config_only
+from mmgpg.models import lora
+from mmgpg.models.load import load_policy
+from mmgpg.models.tiny import save_config_only
 
 
 @pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
@@ -62,7 +62,7 @@ def test_check_and_plan_cli_report_the_lora_share(tmp_path, capsys):
 
 
 def test_check_reports_what_lora_trains_and_a_missing_module():
-    from mmgpg.preflight import preflight
+    from mmgpg.evaluation.preflight import preflight
 
     findings = {f.check: f for f in preflight(resolve(["task=shapes", "model=tiny", "model.lora.rank=4"]).config)}
     # tiny Qwen2-VL: 2 decoder layers x 4 x [(128+128) + 2 (128+64) + (128+128) + 2 (128+512) + (512+128)] = 22,528

@@ -32,7 +32,7 @@ from anchor_judges import (
 from judge_corpus import cv_bench_corpus, fine_grained_corpus, lisa_corpus
 
 from mmgpg.cli import main
-from mmgpg.taskdata import shipped
+from mmgpg.task.data import shipped
 
 N = 2000
 
@@ -182,7 +182,7 @@ LISA_ROWS = [  # (output, authors = paper, strict) for gold (50, 25, 150, 75) px
 
 @pytest.mark.parametrize(("output", "choices", "answer", "authors", "strict"), CV_ROWS)
 def test_quirk_table_cv_bench(output, choices, answer, authors, strict):
-    from mmgpg.judges import choice_judge
+    from mmgpg.task.judges import choice_judge
 
     assert cv_correct(output, choices, answer) == authors
     assert choice_judge(output, choices, answer, "paper").correct == authors
@@ -191,7 +191,7 @@ def test_quirk_table_cv_bench(output, choices, answer, authors, strict):
 
 @pytest.mark.parametrize(("output", "label", "authors", "strict"), FG_ROWS)
 def test_quirk_table_fine_grained(output, label, authors, strict):
-    from mmgpg.judges import label_judge
+    from mmgpg.task.judges import label_judge
 
     assert cls_correct(output, label) == authors
     assert label_judge(output, label, "paper").correct == authors
@@ -200,7 +200,7 @@ def test_quirk_table_fine_grained(output, label, authors, strict):
 
 @pytest.mark.parametrize(("output", "authors", "strict"), LISA_ROWS)
 def test_quirk_table_lisa(output, authors, strict):
-    from mmgpg.judges import box_judge
+    from mmgpg.task.judges import box_judge
 
     gold, size = (50, 25, 150, 75), (200, 100)
     assert lisa_iou(output, gold, size) == pytest.approx(authors, abs=1e-5)

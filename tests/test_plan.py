@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmgpg import plan as P
-from mmgpg import plan_cli
+from mmgpg.backends import memory as P
 from mmgpg.cli import main
-from mmgpg.tiny import SHAPE_TRUE, SHAPE_TRUE_7B, TINY, Dims, save_config_only
+from mmgpg.cli import plan as plan_cli
+from mmgpg.models.tiny import SHAPE_TRUE, SHAPE_TRUE_7B, TINY, Dims, save_config_only
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Pure tensor functions of mmgpg.policy, against hand-computed numbers and naive references."""
+"""Pure tensor functions of mmgpg.models.qwen_vl, against hand-computed numbers and naive references."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmgpg.logprobs import chunked_token_logprobs, completion_mask, group_image_index
+from mmgpg.models.logprobs import chunked_token_logprobs, completion_mask, group_image_index
 
 
 def test_completion_mask_hand_cases():

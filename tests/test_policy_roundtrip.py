@@ -9,8 +9,8 @@ import torch
 from conftest import two_image_conversations
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from mmgpg.modelload import load_policy
-from mmgpg.policy import Policy
+from mmgpg.models.load import load_policy
+from mmgpg.models.qwen_vl import Policy
 
 G = 8
 
@@ -125,8 +125,8 @@ def test_sampler_distribution_is_the_scored_distribution(tiny_dirs, tmp_path):
                                 output_scores=True, return_dict_in_generate=True, **kwargs)
     comp = out.sequences[:, batch.input_ids.shape[1]:]
     scores = torch.stack(out.scores, 1).log_softmax(-1)  # processed: temperature only
-    from mmgpg.logprobs import completion_mask
-    from mmgpg.policy import CompletionBatch
+    from mmgpg.models.logprobs import completion_mask
+    from mmgpg.models.qwen_vl import CompletionBatch
 
     mask = completion_mask(comp, policy.eos_token_ids)
     rollout = CompletionBatch(batch, 2, comp, mask)

@@ -12,7 +12,7 @@ import pytest
 
 from mmgpg.cli import main
 from mmgpg.config import builtin_config_dir, resolve
-from mmgpg.tiny import save_config_only
+from mmgpg.models.tiny import save_config_only
 
 RECIPES = builtin_config_dir() / "recipe"
 

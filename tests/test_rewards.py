@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmgpg import mathjudge
-from mmgpg.rewards import (
+from mmgpg.task import mathjudge
+from mmgpg.task.rewards import (
     FORMAT_PATTERN,
     answer_or_whole,
     answer_tag,

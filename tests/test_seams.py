@@ -11,8 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import two_image_conversations
 
-from mmgpg.modelload import load_policy
-from mmgpg.policy import gather_prompts
+from mmgpg.models.load import load_policy
+from mmgpg.models.qwen_vl import gather_prompts
 from mmgpg.rollout.hf import HFEngine
 
 
@@ -45,7 +45,7 @@ class CountingEngine(HFEngine):
 def test_training_and_its_evaluation_generate_through_the_configured_engine(tmp_path, monkeypatch):
     from mmgpg.config import resolve
     from mmgpg.rollout import engine as engine_module
-    from mmgpg.trainer import Trainer
+    from mmgpg.train.trainer import Trainer
 
     monkeypatch.setitem(engine_module.ENGINES, "counting", f"{__name__}:CountingEngine")
     CountingEngine.calls = []

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmgpg.segmentation import (
+from mmgpg.task.masks import (
     SamMasker,
     aggregate_mask_ious,
     box_mask,

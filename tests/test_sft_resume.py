@@ -1,5 +1,5 @@
 """`mmgpg sft` checkpoints, resumes exactly after SIGKILL, stops cleanly at a step boundary on Ctrl-C, and refuses
-to overwrite a run — the same guarantees as `mmgpg train` (shared code: mmgpg/resume.py, mmgpg/checkpoint.py)."""
+to overwrite a run — the same guarantees as `mmgpg train` (shared code: mmgpg/train/resume.py, mmgpg/train/checkpoint.py)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmgpg.config import ConfigError
-from mmgpg.rewards import extract_answer, format_reward, integer_accuracy, parse_int
 from mmgpg.task import Example, TaskNotFound, build_task, find_task_class, registered_tasks, task_rewards
+from mmgpg.task.rewards import extract_answer, format_reward, integer_accuracy, parse_int
 
 
 def test_builtin_tasks_are_entry_points_of_mmgpg_tasks():
@@ -151,7 +151,7 @@ def test_rewards_are_total_on_any_text(text, gold):
 
 def test_a_task_that_does_not_subclass_task_gets_the_contract_defaults(tmp_path):
     """USER_TASK (duck-typed) behaves as a Task: every hook the evaluator, SFT and diagnostics call exists."""
-    from mmgpg.evaluate import judge_output, judged_metrics
+    from mmgpg.evaluation.run import judge_output, judged_metrics
     from mmgpg.task import Task
 
     path = tmp_path / "my_task.py"
@@ -168,7 +168,7 @@ def test_a_task_that_does_not_subclass_task_gets_the_contract_defaults(tmp_path)
 
 
 def test_a_judge_result_must_be_a_judgement_or_a_mapping_with_correct(tmp_path):
-    from mmgpg.evaluate import judge_output
+    from mmgpg.evaluation.run import judge_output
 
     path = tmp_path / "my_task.py"
     path.write_text(USER_TASK + """
@@ -182,5 +182,5 @@ def test_a_judge_result_must_be_a_judgement_or_a_mapping_with_correct(tmp_path):
     record = judge_output(task, " yes", ex, "paper")  # a dict-returning judge (the pre-Judgement API) still works
     assert record == {"correct": 1.0, "extracted": "yes", "parse_failure": 0.0, "why": "x",
                       "rewards": {"accuracy": 1.0}}
-    with pytest.raises(TypeError, match="task 'parity' judge\\(\\) must return a mmgpg.judges.Judgement"):
+    with pytest.raises(TypeError, match="task 'parity' judge\\(\\) must return a mmgpg.task.judges.Judgement"):
         judge_output(task, "bad", ex, "paper")

@@ -1,4 +1,4 @@
-"""mmgpg.theory against hand-computed values (worked in the comments) and the paper's published fixed points, and
+"""mmgpg.theory.predict against hand-computed values (worked in the comments) and the paper's published fixed points, and
 `mmgpg theory predict` end to end."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 
 from mmgpg.cli import main
-from mmgpg.theory import (
+from mmgpg.theory.predict import (
     advantage_scale,
     coverage_probability,
     gpg_drift,

@@ -1,4 +1,4 @@
-"""Exact identities between the project's own loss code and mmgpg.theory, in a one-token outcome model.
+"""Exact identities between the project's own loss code and mmgpg.theory.predict, in a one-token outcome model.
 
 The policy has one parameter z, p = σ(z): a completion is one token, "success" (log σ(z)) or "failure" (log σ(-z)),
 and its reward is the success indicator. The expected gradient of a training step is computed *exactly*: for every
@@ -18,7 +18,7 @@ import torch
 from scipy.optimize import brentq
 
 from mmgpg import algorithms as A
-from mmgpg.theory import (
+from mmgpg.theory.predict import (
     binomial_pmf,
     group_weight,
     k3_stationary_points,

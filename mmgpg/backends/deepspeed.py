@@ -228,7 +228,7 @@ class DeepSpeedBackend:
                 "deepspeed": {"zero_stage": self.zero_stage, "world_size": self.dist.world_size}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from mmgpg.checkpoint import CheckpointError
+        from mmgpg.train.checkpoint import CheckpointError
 
         saved = state.get("deepspeed")
         if saved is None:

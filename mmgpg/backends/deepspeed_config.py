@@ -73,7 +73,7 @@ def merge(derived: dict[str, Any], sources: dict[str, str], user: dict[str, Any]
     >>> merge({"a": {"b": 1}}, {"a.b": "train.x"}, {"a": {"b": "auto", "c": 2}}, "ds.json")
     {'a': {'b': 1, 'c': 2}}
     """
-    from mmgpg.schema import ConfigError, Problem
+    from mmgpg.typed import ConfigError, Problem
 
     problems = []
     for key, owner in OWNED_SECTIONS.items():
@@ -100,7 +100,7 @@ def merge(derived: dict[str, Any], sources: dict[str, str], user: dict[str, Any]
 
 def read_user_config(path: str) -> dict[str, Any]:
     """The JSON object in ``path``; a missing or malformed file is a ConfigError naming it."""
-    from mmgpg.schema import ConfigError, Problem
+    from mmgpg.typed import ConfigError, Problem
 
     p = Path(path).expanduser()
     try:
@@ -120,7 +120,7 @@ def read_user_config(path: str) -> dict[str, Any]:
 def check(t: Any) -> list:
     """Problems of the ``train.*`` DeepSpeed keys (``t`` is the TrainConfig): ranges, combinations, the package, the
     user JSON and its conflicts with everything mmgpg derives except bf16 (that depends on the GPU found at start)."""
-    from mmgpg.schema import ConfigError, Problem
+    from mmgpg.typed import ConfigError, Problem
 
     p = []
     ds = t.backend == "deepspeed"

@@ -126,7 +126,7 @@ class PlainBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "deepspeed" in state:
-            from mmgpg.checkpoint import CheckpointError
+            from mmgpg.train.checkpoint import CheckpointError
 
             raise CheckpointError("this checkpoint was written by the DeepSpeed backend (its optimizer state is in "
                                   "engine/): resume it with train.backend=deepspeed, or start a new run from its "

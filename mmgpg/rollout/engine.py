@@ -1,7 +1,7 @@
 """The rollout-engine seam: what generates completions for training, evaluation and ``mmgpg sample``.
 
 An engine takes chat conversations (messages with image parts — what a vLLM server also takes), a group size and
-:class:`Sampling` settings, and returns a :class:`~mmgpg.policy.CompletionBatch`. It is chosen by ``rollout.engine``
+:class:`Sampling` settings, and returns a :class:`~mmgpg.models.qwen_vl.CompletionBatch`. It is chosen by ``rollout.engine``
 from :data:`ENGINES` (``name -> "module:Class"``); adding an engine is one file plus one entry there. An engine class
 is built as ``Engine(policy, config, autocast)`` and implements :class:`RolloutEngine`.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from mmgpg.policy import CompletionBatch, Policy
+    from mmgpg.models.qwen_vl import CompletionBatch, Policy
 
 # The one place engine names live: config validation and `build_engine` both read this.
 ENGINES: dict[str, str] = {"hf": "mmgpg.rollout.hf:HFEngine", "vllm": "mmgpg.rollout.vllm:VLLMEngine"}

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from mmgpg.policy import CompletionBatch, Policy
+from mmgpg.models.qwen_vl import CompletionBatch, Policy
 from mmgpg.rollout.engine import Sampling
 
 

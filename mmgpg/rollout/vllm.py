@@ -10,7 +10,7 @@ Two modes, the same rollout:
   reloads (:mod:`mmgpg.rollout.vllm_server`).
 
 What makes it the same rollout as the Hugging Face engine: mmgpg renders the prompt text (chat template or raw
-prompt) and loads/resizes the images exactly as :meth:`mmgpg.policy.Policy.encode_prompts` does (vLLM's processor
+prompt) and loads/resizes the images exactly as :meth:`mmgpg.models.qwen_vl.Policy.encode_prompts` does (vLLM's processor
 then sees images already within ``min_pixels``/``max_pixels``), and the prompt token ids vLLM reports are compared
 with mmgpg's encoding (an error if they differ); the prompt-length guard is the policy's. Every sampling knob is
 explicit, vision special tokens are excluded from sampling (``allowed_token_ids``), the completion mask ends at the
@@ -33,16 +33,16 @@ from typing import Any
 
 import torch
 
-from mmgpg.policy import CompletionBatch, Policy, completion_mask, pad_completions
+from mmgpg.models.qwen_vl import CompletionBatch, Policy, completion_mask, pad_completions
 from mmgpg.rollout.engine import Sampling, request_seed
 from mmgpg.rollout.vllm_core import CoreSettings, Request
 
 
 def state_dict_for_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's tensors by Hugging Face name, each storage once (tied weights would otherwise be written twice);
-    LoRA adapters merged into their base weights (:func:`mmgpg.lora.merged_state_dict`: vLLM's own LoRA does not
+    LoRA adapters merged into their base weights (:func:`mmgpg.models.lora.merged_state_dict`: vLLM's own LoRA does not
     cover the vision tower, and merged weights keep one code path)."""
-    from mmgpg.lora import merged_state_dict
+    from mmgpg.models.lora import merged_state_dict
 
     seen: set[int] = set()
     out = {}
@@ -93,7 +93,7 @@ class VLLMEngine:
             self.sync_weights()  # the server may have started from other weights (a base model, an older step)
         else:
             from mmgpg.rollout.vllm_core import INSTALL_HINT, VLLMCore, import_vllm
-            from mmgpg.schema import ConfigError, Problem
+            from mmgpg.typed import ConfigError, Problem
 
             try:
                 import_vllm()
@@ -103,7 +103,7 @@ class VLLMEngine:
             self._tmp = Path(tempfile.mkdtemp(prefix="mmgpg_vllm_"))
             # vLLM reads the processor from this folder during the run; it goes with the engine or at exit
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
-            from mmgpg.lora import save_policy
+            from mmgpg.models.lora import save_policy
 
             save_policy(policy, self._tmp)  # vLLM starts from exactly the policy's (merged) weights and processor
             self.core = VLLMCore(CoreSettings(
@@ -114,7 +114,7 @@ class VLLMEngine:
 
     @staticmethod
     def _check_settings(r, policy: Policy) -> None:
-        from mmgpg.schema import ConfigError, Problem
+        from mmgpg.typed import ConfigError, Problem
 
         problems = []
         if r.logprob_check and (r.top_p < 1 or r.top_k > 0):

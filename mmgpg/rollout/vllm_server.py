@@ -215,7 +215,7 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
 
 def serve(args) -> int:
     """``mmgpg vllm-serve``: load the model into vLLM and answer on ``--host:--port`` until stopped."""
-    from mmgpg.modelload import resolve_model_path
+    from mmgpg.models.load import resolve_model_path
     from mmgpg.rollout.vllm_core import CoreSettings, VLLMCore, import_vllm
 
     try:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from mmgpg.logprobs import (  # noqa: F401  (pad_completions: re-exported with the batches)
+from mmgpg.models.logprobs import (  # noqa: F401  (pad_completions: re-exported with the batches)
     chunked_token_logprobs,
     completion_mask,
     group_image_index,
@@ -100,7 +100,7 @@ class CompletionBatch:
 
 class Policy:
     """A loaded Qwen2-VL / Qwen2.5-VL model with its processor. Build one with
-    :func:`mmgpg.modelload.load_policy`."""
+    :func:`mmgpg.models.load.load_policy`."""
 
     def __init__(self, model, processor, *, min_pixels: int, max_pixels: int, max_prompt_length: int | None = None):
         model_type = getattr(model.config, "model_type", None)
@@ -113,7 +113,7 @@ class Policy:
             raise ValueError(f"need 0 < min_pixels <= max_pixels; got min_pixels={min_pixels}, max_pixels={max_pixels}")
         self.model = model
         self.processor = processor
-        self.peft = None  # the peft.PeftModel owning LoRA adapters injected into `model` (mmgpg.lora.attach)
+        self.peft = None  # the peft.PeftModel owning LoRA adapters injected into `model` (mmgpg.models.lora.attach)
         self.family = model_type
         self.min_pixels = min_pixels
         self.max_pixels = max_pixels
@@ -138,8 +138,8 @@ class Policy:
 
     def merged_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights a rollout engine with its own copy (vLLM) must load after each update: the model's state dict
-        with LoRA adapters merged under the base model's names (:func:`mmgpg.lora.merged_state_dict`)."""
-        from mmgpg.lora import merged_state_dict
+        with LoRA adapters merged under the base model's names (:func:`mmgpg.models.lora.merged_state_dict`)."""
+        from mmgpg.models.lora import merged_state_dict
 
         return merged_state_dict(self.model)
 
@@ -353,7 +353,7 @@ class Policy:
             kwargs["image_grid_thw"] = batch.image_grid_thw[index]
             kwargs.update(self._image_encoder_outputs(batch, index) if encode_images_once
                           else self._repeated_pixels(batch, index))
-        from mmgpg.lora import output_head
+        from mmgpg.models.lora import output_head
 
         hidden = self.model.model(**kwargs, use_cache=False).last_hidden_state
         scored = hidden[:, prompt_len - 1 : -1][comp_mask]  # [K, H]: positions that predict completion tokens

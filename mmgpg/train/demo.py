@@ -42,9 +42,9 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     import torch
 
     from mmgpg.config import resolve
-    from mmgpg.plots import plot_run
-    from mmgpg.sft import SFTTrainer
-    from mmgpg.trainer import Trainer
+    from mmgpg.train.plots import plot_run
+    from mmgpg.train.sft import SFTTrainer
+    from mmgpg.train.trainer import Trainer
     from mmgpg.utils import run_dir_path
 
     if s.threads:

@@ -26,7 +26,7 @@ GIB = 2**30
 BACKENDS = ("plain", "deepspeed")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 # The precision of the training forward: "autocast" = fp32 weights under bf16 autocast (the plain backend on a
-# bf16 GPU with model.dtype=auto: mmgpg/trainer.py), "fp32" = everything fp32, "bf16" = 16-bit weights, no autocast
+# bf16 GPU with model.dtype=auto: mmgpg/train/trainer.py), "fp32" = everything fp32, "bf16" = 16-bit weights, no autocast
 # (model.dtype=bfloat16/float16, and DeepSpeed's bf16 mode with fp32 master weights inside the optimizer).
 PRECISIONS = ("autocast", "fp32", "bf16")
 
@@ -63,9 +63,9 @@ def model_shape(path: str, lora=None) -> ModelShape:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from mmgpg.modelload import resolve_model_path
-    from mmgpg.policy import SUPPORTED_MODEL_TYPES
-    from mmgpg.tiny import count_parameters
+    from mmgpg.models.load import resolve_model_path
+    from mmgpg.models.qwen_vl import SUPPORTED_MODEL_TYPES
+    from mmgpg.models.tiny import count_parameters
 
     path = resolve_model_path(path)
     try:
@@ -97,7 +97,7 @@ def model_shape(path: str, lora=None) -> ModelShape:
 def _lora_counts(model, lora) -> tuple[int, int, bool, bool]:
     if lora is None or lora.rank <= 0:
         return 0, 0, False, False
-    from mmgpg.lora import count_parameters as count_lora
+    from mmgpg.models.lora import count_parameters as count_lora
 
     c = count_lora(model, lora)
     return lora.rank, c["adapter"] + c["full"], c["vision"], c["head"]
@@ -112,7 +112,7 @@ def model_state_bytes(params: int, trainable: int, world: int, backend: str, zer
                       precision: str) -> dict[str, int]:
     """Per-GPU parameters, gradients and optimizer state, and what offload puts in host memory (per rank).
 
-    plain (mmgpg/trainer.py: torch AdamW, gradients summed over ranks, nothing partitioned):
+    plain (mmgpg/train/trainer.py: torch AdamW, gradients summed over ranks, nothing partitioned):
       weights w·P, gradients w·T, AdamW m and v 2w·T, with w = 4 (fp32 master weights under bf16 autocast, or
       fp32) or 2 (model.dtype=bfloat16: AdamW keeps its state in the parameter dtype) — 16 bytes/param by default.
     deepspeed (bf16 with fp32 master weights; ZeRO paper, Rajbhandari et al. 2020, and the byte list of
@@ -206,7 +206,7 @@ def activation_bytes(tokens: int, layers: int, per_token_layer: int, per_token_c
 
 
 def logprob_bytes(chunk: int, vocab: int, hidden: int, weight_bytes: int, scored_tokens: int, act_bytes: int) -> int:
-    """mmgpg/logprobs.py ``chunked_token_logprobs``: three fp32 ``[chunk, V]`` blocks (logits, their softmax terms,
+    """mmgpg/models/logprobs.py ``chunked_token_logprobs``: three fp32 ``[chunk, V]`` blocks (logits, their softmax terms,
     the gradient block), the ``[V, H]`` gradient buffer of the output embedding (``torch.zeros_like(weight)``) and
     the ``[K, H]`` hidden states of the scored positions saved for backward."""
     return 3 * 4 * chunk * vocab + weight_bytes * vocab * hidden + act_bytes * scored_tokens * hidden
@@ -342,7 +342,7 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
                                           "reference_model"))
     update = sum(per_gpu[k] for k in ("activations_text", "activations_vision", "autocast_weight_copies",
                                       "logprob_buffers"))
-    # generate runs under autocast too (mmgpg/trainer.py _sample_groups), so its weight copies count in both phases
+    # generate runs under autocast too (mmgpg/train/trainer.py _sample_groups), so its weight copies count in both phases
     rollout = per_gpu["kv_cache"] + per_gpu["rollout_gathered_weights"] + per_gpu["autocast_weight_copies"]
     phases = {"persistent": persistent, "update": update, "rollout": rollout,
               "peak": persistent + max(update, rollout)}

@@ -28,9 +28,10 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from mmgpg.config_checks import check
-from mmgpg.lora import LORA_LANGUAGE_TARGETS
-from mmgpg.schema import (  # noqa: F401  (ConfigError, Problem: re-exported for callers of config)
+from mmgpg.config.checks import check
+from mmgpg.models.lora import LORA_LANGUAGE_TARGETS
+from mmgpg.task import TaskNotFound, find_task_class
+from mmgpg.typed import (  # noqa: F401  (ConfigError, Problem: re-exported for callers of config)
     ConfigError,
     Problem,
     did_you_mean,
@@ -39,7 +40,6 @@ from mmgpg.schema import (  # noqa: F401  (ConfigError, Problem: re-exported for
     open_field,
     to_dict,
 )
-from mmgpg.task import TaskNotFound, find_task_class
 
 # --------------------------------------------------------------------------------------------------------------------
 # Schema

@@ -1,5 +1,5 @@
 """Validation of a well-typed :class:`~mmgpg.config.Config`: ranges, relations between keys, registered names and
-the task with its options. Every problem is collected (:class:`~mmgpg.schema.Problem`); the caller raises them once."""
+the task with its options. Every problem is collected (:class:`~mmgpg.typed.Problem`); the caller raises them once."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import re
 from typing import TYPE_CHECKING
 
 from mmgpg.backends import deepspeed_config
-from mmgpg.lora import check_lora
-from mmgpg.schema import Problem, did_you_mean
+from mmgpg.models.lora import check_lora
 from mmgpg.task import TaskNotFound, find_task_class, options_problems
+from mmgpg.typed import Problem, did_you_mean
 
 if TYPE_CHECKING:
     from mmgpg.config import Config, TaskConfig

@@ -3,7 +3,7 @@
 Every function here is total: any model text gives a value (a float, a string, ``None`` from an extractor), never an
 exception; it runs in time linear in the text (the regular expressions of the anchors that can backtrack
 quadratically are re-implemented as linear scans with the same result, and property tests compare both); and nothing
-is ever ``eval``-ed. Math equivalence goes through math-verify in a worker process (:mod:`mmgpg.mathjudge`).
+is ever ``eval``-ed. Math equivalence goes through math-verify in a worker process (:mod:`mmgpg.task.mathjudge`).
 
 Two families of rules live here, named after the protocols of the task judges:
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from scipy.special import expit
 
-from mmgpg import theory
+from mmgpg.theory import predict as theory
 
 P_BINS = (0.0, 1e-9, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0 - 1e-9, 1.0)
 BIN_LABELS = ("0", "(0, 0.1]", "(0.1, 0.3]", "(0.3, 0.5]", "(0.5, 0.7]", "(0.7, 0.9]", "(0.9, 1)", "1")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from mmgpg.policy import SUPPORTED_MODEL_TYPES, TINY_PREFIX, Policy
+from mmgpg.models.qwen_vl import SUPPORTED_MODEL_TYPES, TINY_PREFIX, Policy
 
 
 def cache_dir() -> Path:
@@ -24,7 +24,7 @@ def resolve_model_path(name_or_path: str) -> str:
     """
     if name_or_path != TINY_PREFIX and not name_or_path.startswith(TINY_PREFIX + ":"):
         return name_or_path
-    from mmgpg.tiny import FAMILIES
+    from mmgpg.models.tiny import FAMILIES
 
     family = name_or_path.partition(":")[2] or "qwen2_vl"
     if family not in FAMILIES:
@@ -43,7 +43,7 @@ def resolve_model_path(name_or_path: str) -> str:
 
 
 def _build_tiny(target: Path, family: str) -> None:
-    from mmgpg.tiny import build_and_save
+    from mmgpg.models.tiny import build_and_save
 
     if not (target / "model.safetensors").exists():
         import tempfile
@@ -89,13 +89,13 @@ def load_policy(
 ) -> Policy:
     """Load a Qwen2-VL / Qwen2.5-VL policy from a hub id or a local directory (never ``trust_remote_code``).
 
-    ``name_or_path`` may also be ``tiny`` or ``tiny:qwen2_5_vl`` for a model built offline (:mod:`mmgpg.tiny`).
+    ``name_or_path`` may also be ``tiny`` or ``tiny:qwen2_5_vl`` for a model built offline (:mod:`mmgpg.models.tiny`).
     ``device="meta"`` builds the model without reading its weights (for checks that need only shapes and the
     processor, such as ``mmgpg check``).
     """
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-    from mmgpg.checkpoint import check_model_source
+    from mmgpg.train.checkpoint import check_model_source
 
     path = resolve_model_path(name_or_path)
     local = check_model_source(path)
@@ -140,9 +140,9 @@ def load_for_training(model_cfg, device, dtype: str, checkpoint: Path | None = N
                       policy: Policy | None = None) -> Policy:
     """The policy ``mmgpg train`` / ``mmgpg sft`` train: without LoRA, ``model.name_or_path`` or the checkpoint's
     ``policy/``; with LoRA (``model.lora.rank > 0``), always the base model (exact, never a merged copy) with a fresh
-    adapter or the checkpoint's ``adapter/`` (:func:`mmgpg.lora.attach`). ``policy``: a base policy already loaded
+    adapter or the checkpoint's ``adapter/`` (:func:`mmgpg.models.lora.attach`). ``policy``: a base policy already loaded
     by the caller (tests), used instead of loading one."""
-    from mmgpg.lora import ADAPTER_DIR, attach, is_lora
+    from mmgpg.models.lora import ADAPTER_DIR, attach, is_lora
 
     if model_cfg.lora.rank <= 0 or (policy is not None and is_lora(policy)):
         return policy or load_policy_for(model_cfg, device, source=str(checkpoint / "policy") if checkpoint else None,

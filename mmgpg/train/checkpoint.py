@@ -109,7 +109,7 @@ def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
         if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
             raise CheckpointError(f"rng_rank{rank}.pt is not an RNG state")
     verify_policy_dir(checkpoint / "policy")
-    if (checkpoint / "adapter").exists():  # a LoRA run (mmgpg.lora.ADAPTER_DIR)
+    if (checkpoint / "adapter").exists():  # a LoRA run (mmgpg.models.lora.ADAPTER_DIR)
         verify_adapter_dir(checkpoint / "adapter")
     return meta
 
@@ -157,7 +157,7 @@ def check_model_source(path: str) -> bool:
         head = path.split("/", 1)[0]
         if path.startswith(("/", ".", "~")) or path.count("/") > 1 or (path.count("/") == 1 and Path(head).is_dir()):
             siblings = sorted(x.name for x in p.parent.iterdir()) if p.parent.is_dir() else []
-            from mmgpg.schema import did_you_mean
+            from mmgpg.typed import did_you_mean
 
             raise FileNotFoundError(f"model directory {path!r} does not exist." + did_you_mean(p.name, siblings))
         return False
@@ -212,7 +212,7 @@ def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: di
     (optional) supplies the full weights when the model's own are partitioned (``full_state_dict``, gathered on every
     rank, written by rank 0) and writes its own state into ``engine/`` (``save_engine_state``, every rank). A LoRA
     policy is written merged (``policy/``) and as its adapter (``adapter/``)."""
-    from mmgpg.lora import ADAPTER_DIR, is_lora, save_adapter, save_policy
+    from mmgpg.models.lora import ADAPTER_DIR, is_lora, save_adapter, save_policy
 
     info = distributed.current()
     full = backend.full_state_dict() if backend is not None else None

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mmgpg import mathjudge
-from mmgpg.rewards import (
+from mmgpg.task import mathjudge
+from mmgpg.task.rewards import (
     answer_tag,
     box_iou,
     extract_answer,
@@ -84,7 +84,7 @@ class Judgement:
             box = decision.get("box")
             return cls(float(decision["correct"]), str(decision.get("extracted", "")),
                        bool(decision.get("parse_failure", 0.0)), None if box is None else tuple(box), extras)
-        raise TypeError(f"{who} must return a mmgpg.judges.Judgement (or a mapping with 'correct'); "
+        raise TypeError(f"{who} must return a mmgpg.task.judges.Judgement (or a mapping with 'correct'); "
                         f"got {type(decision).__name__}")
 
 
@@ -138,7 +138,7 @@ def choice_judge(output: str, choices: Sequence[str], answer: str, protocol: str
     """``paper``: the ``<answer>\\s*(.*?)\\s*</answer>`` group (no DOTALL; the whole output when missing or empty) is
     parsed by math-verify with the letters A–F (four spellings) and the option texts as extraction strings, then
     verified against the right letter and option text — so ``"Left"`` for option ``left`` extracts nothing and
-    ``"table lamp"`` for options lamp/table reads ``table``. ``strict``: :func:`mmgpg.rewards.strict_choice` on the
+    ``"table lamp"`` for options lamp/table reads ``table``. ``strict``: :func:`mmgpg.task.rewards.strict_choice` on the
     (DOTALL) answer tag. ``answer`` is the letter, with or without parentheses."""
     letter = option_letter(answer)
     if check_protocol(protocol) == "paper":
@@ -197,9 +197,9 @@ def box_judge(output: str, gold_box: Sequence[float], image_size: tuple[int, int
 
 
 def _paper_box_decision(output: str, gold: tuple[float, ...], sx: float, sy: float) -> Judgement:
-    """The anchors' rule (§5.4): the first box anywhere (:func:`mmgpg.rewards.paper_first_box`), ``int(x) / 1000``
+    """The anchors' rule (§5.4): the first box anywhere (:func:`mmgpg.task.rewards.paper_first_box`), ``int(x) / 1000``
     (integer true division, so numbers up to ~1e311 still divide and larger ones raise as theirs do), their
-    ``compute_iou`` (:func:`mmgpg.rewards.paper_box_iou`); every failure is IoU 0. ``box`` is recorded (for the
+    ``compute_iou`` (:func:`mmgpg.task.rewards.paper_box_iou`); every failure is IoU 0. ``box`` is recorded (for the
     mask metrics) only when its coordinates are ordinary numbers (below 1e15)."""
     box = paper_first_box(output)
     if box is None:

@@ -1,11 +1,11 @@
 """``mmgpg plan`` (and the memory row of ``mmgpg check``): the command line and the printed table of
-:mod:`mmgpg.plan`."""
+:mod:`mmgpg.backends.memory`."""
 
 from __future__ import annotations
 
 import argparse
 
-from mmgpg.plan import BACKENDS, GIB, OFFLOADS, Plan, model_shape, plan_memory
+from mmgpg.backends.memory import BACKENDS, GIB, OFFLOADS, Plan, model_shape, plan_memory
 
 ROWS = (
     ("parameters", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
@@ -140,7 +140,7 @@ def memory_summary(plan: Plan) -> str:
 
 def memory_finding(cfg, args):
     """``mmgpg check``'s memory row: an error when the plan does not fit."""
-    from mmgpg.preflight import Finding
+    from mmgpg.evaluation.preflight import Finding
 
     if args.gpus is None or args.gpu_memory_gb is None:
         raise ValueError("the memory check needs both --gpus and --gpu-memory-gb")

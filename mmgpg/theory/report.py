@@ -1,4 +1,4 @@
-"""The ``mmgpg diagnose`` report: assemble :mod:`mmgpg.diagnose`'s analyses for a run directory and write
+"""The ``mmgpg diagnose`` report: assemble :mod:`mmgpg.theory.diagnose`'s analyses for a run directory and write
 ``diagnose.json``, ``diagnose.txt`` and PNG plots."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mmgpg import diagnose as D
-from mmgpg import theory
+from mmgpg.theory import diagnose as D
+from mmgpg.theory import predict as theory
 
 
 def trajectories(visits: list[D.Visit], probes: dict, p_ref: dict[str, float], cfg, limit: int = 12) -> list[dict]:
@@ -40,7 +40,7 @@ def run_diagnose(run_dir: str | Path, out_dir: str | Path | None = None,
                  success_threshold: float | None = None) -> dict:
     """Everything for one run; writes ``diagnose.json``, ``diagnose.txt`` and ``*.png`` to ``out_dir``
     (default ``RUN_DIR/diagnose``) and returns the report."""
-    from mmgpg.plots import read_metrics
+    from mmgpg.train.plots import read_metrics
 
     run = Path(run_dir)
     cfg, ignored = D.load_run_config(run / "config.yaml")

@@ -50,8 +50,8 @@ def cmd_sample(args) -> int:
     from rich.table import Table
 
     from mmgpg.config import save_config
-    from mmgpg.modelload import load_policy_for
-    from mmgpg.policy import CompletionBatch, pad_completions
+    from mmgpg.models.load import load_policy_for
+    from mmgpg.models.qwen_vl import CompletionBatch, pad_completions
     from mmgpg.rollout import Sampling, build_engine, sample_groups
     from mmgpg.task import build_task
     from mmgpg.utils import console as make_console
@@ -126,9 +126,9 @@ def cmd_sample(args) -> int:
 def cmd_eval(args) -> int:
     import dataclasses
 
-    from mmgpg.evaluate import evaluate, read_predictions, rescore, write_evaluation
-    from mmgpg.judges import check_protocol
+    from mmgpg.evaluation.run import evaluate, read_predictions, rescore, write_evaluation
     from mmgpg.task import build_task, good_items
+    from mmgpg.task.judges import check_protocol
     from mmgpg.utils import make_run_dir, resolve_device
 
     if bool(args.ckpt) == bool(args.predictions):
@@ -155,8 +155,8 @@ def cmd_eval(args) -> int:
             raise ValueError(f"{args.predictions}: none of its {total} rows could be judged (reasons above); fix the "
                              "file (docs/evaluation.md lists the fields each task needs)")
     else:
-        from mmgpg.checkpoint import latest_checkpoint
-        from mmgpg.modelload import load_policy_for
+        from mmgpg.models.load import load_policy_for
+        from mmgpg.train.checkpoint import latest_checkpoint
 
         ckpt = args.ckpt
         run_checkpoint = latest_checkpoint(Path(ckpt)) if Path(ckpt).is_dir() else None

@@ -24,16 +24,18 @@ from typing import Any
 
 import torch
 
-from mmgpg import algorithms, distributed, lora, resume
+from mmgpg import algorithms, distributed
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Config, Resolved, save_config
-from mmgpg.modelload import load_for_training, load_policy_for
-from mmgpg.policy import CompletionBatch, Policy, gather_prompts, pad_completions
+from mmgpg.models import lora
+from mmgpg.models.load import load_for_training, load_policy_for
+from mmgpg.models.qwen_vl import CompletionBatch, Policy, gather_prompts, pad_completions
 from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
 from mmgpg.rollout.check import LogprobDiff, check_logprob_diff
-from mmgpg.runlog import RunLog
-from mmgpg.stream import PromptStream
 from mmgpg.task import SkipBadRows, build_task, first_items
+from mmgpg.train import resume
+from mmgpg.train.runlog import RunLog
+from mmgpg.train.stream import PromptStream
 from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
 
 
@@ -124,7 +126,7 @@ class Trainer:
     # ---- set-up helpers -------------------------------------------------------------------------------------------
 
     def _check_layout(self) -> None:
-        from mmgpg.schema import ConfigError, Problem
+        from mmgpg.typed import ConfigError, Problem
 
         cfg, world = self.cfg, self.dist.world_size
         problems = []
@@ -406,7 +408,7 @@ class Trainer:
 
     def evaluate(self) -> dict[str, float]:
         """Greedy evaluation on ``train.eval_split`` (rank 0 evaluates, every rank gets the numbers)."""
-        from mmgpg.evaluate import evaluate, sampled_scores
+        from mmgpg.evaluation.run import evaluate, sampled_scores
 
         metrics = None
         with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
@@ -427,7 +429,7 @@ class Trainer:
     def probe(self) -> None:
         """``train.probe_every``: per-prompt success of the current policy on the first ``train.probe_limit``
         training prompts (rank 0; under a forked RNG so the training stream is untouched) → probe_success.jsonl."""
-        from mmgpg.probe import PROBE_FILE, check_success, probe_prompts, write_probe
+        from mmgpg.theory.probe import PROBE_FILE, check_success, probe_prompts, write_probe
 
         with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
             if self.dist.is_main:

@@ -59,7 +59,7 @@ def target_regex(lora_cfg) -> str:
 
 def check_lora(cfg) -> list:
     """Problems with ``model.lora`` (config values only; module names are checked against the model in :func:`attach`)."""
-    from mmgpg.schema import Problem
+    from mmgpg.typed import Problem
 
     lc, p = cfg.model.lora, []
     if lc.rank < 0:
@@ -99,7 +99,7 @@ def resolve_trainable(model: torch.nn.Module, names: list[str]) -> list[str]:
     out = []
     for name in names:
         if not any(m == name or m.endswith("." + name) for m in modules):
-            from mmgpg.schema import did_you_mean
+            from mmgpg.typed import did_you_mean
 
             leaves = sorted({m.rsplit(".", 1)[-1] for m in modules if not m.rsplit(".", 1)[-1].isdigit()})
             raise ValueError(f"model.lora.trainable_modules: no module of the model is named {name!r}."

@@ -41,7 +41,7 @@ def parse_p_refs(text: str) -> list[float]:
 
 def cmd_theory_predict(args) -> int:
     from mmgpg.config import resolve
-    from mmgpg.theory import predict
+    from mmgpg.theory.predict import predict
 
     cfg = resolve(args.overrides, config_dirs=args.config_dir).config
     if args.visits < 1:
@@ -88,7 +88,7 @@ def print_prediction(result: dict) -> None:
 
 
 def cmd_diagnose(args) -> int:
-    from mmgpg.diagnose_report import run_diagnose
+    from mmgpg.theory.report import run_diagnose
 
     report = run_diagnose(args.run_dir, args.out, args.success_threshold)
     sys.stdout.write(open(report["files"][1]).read())
@@ -127,6 +127,6 @@ def add_parsers(sub, add_config_args) -> None:
                    help="count total reward >= this as success (instead of the task's success hook; needed without one)")
     p.set_defaults(func=cmd_diagnose)
 
-    from mmgpg.probe import add_parser as add_probe_parser
+    from mmgpg.theory.probe import add_parser as add_probe_parser
 
     add_probe_parser(sub, add_config_args)

@@ -1,9 +1,9 @@
 """Supervised fine-tuning on a task's gold completions: the papers' "+SFT" baseline and the CPU demo's warm start.
 
 It uses the same task plugins and the same policy code as RL: the prompt goes through
-:meth:`~mmgpg.policy.Policy.encode_prompts`, and the loss is the mean negative log-likelihood of the gold completion
+:meth:`~mmgpg.models.qwen_vl.Policy.encode_prompts`, and the loss is the mean negative log-likelihood of the gold completion
 tokens (the task's ``gold_completion(example)`` followed by ``<|im_end|>``), computed by
-:meth:`~mmgpg.policy.Policy.completion_logprobs`. That is the scorer RL uses, so the two cannot drift apart.
+:meth:`~mmgpg.models.qwen_vl.Policy.completion_logprobs`. That is the scorer RL uses, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ import sys
 import time
 from pathlib import Path
 
-from mmgpg import lora, resume
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Resolved, save_config
-from mmgpg.evaluate import evaluate
-from mmgpg.modelload import load_for_training
-from mmgpg.policy import CompletionBatch, Policy, pad_completions
+from mmgpg.evaluation.run import evaluate
+from mmgpg.models import lora
+from mmgpg.models.load import load_for_training
+from mmgpg.models.qwen_vl import CompletionBatch, Policy, pad_completions
 from mmgpg.rollout import build_engine
-from mmgpg.stream import PromptStream
 from mmgpg.task import Example, SkipBadRows, Task, build_task, first_items
+from mmgpg.train import resume
+from mmgpg.train.stream import PromptStream
 from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
 
 # torch.optim.AdamW's default weight decay, which mmgpg sft has always used (its demo numbers depend on it).

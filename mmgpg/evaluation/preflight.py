@@ -23,7 +23,7 @@ class Finding:
 
 
 def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
-    from mmgpg.evaluate import judge_output
+    from mmgpg.evaluation.run import judge_output
     from mmgpg.task import build_task, first_items
 
     findings: list[Finding] = []
@@ -41,7 +41,7 @@ def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
         return findings
     policy = None
     try:
-        from mmgpg.modelload import load_policy_for
+        from mmgpg.models.load import load_policy_for
 
         policy = load_policy_for(cfg.model, "meta")
         policy.max_prompt_length = None  # measure every prompt here; the limit is compared below
@@ -94,7 +94,7 @@ def _judge_finding(label: str, ident: str, protocol: str, record: dict[str, Any]
 def lora_finding(model, lora_cfg) -> Finding:
     """What ``model.lora`` trains on this model (meta device): adapter and fully trained parameters and their share,
     or an error when a trainable module does not exist or no layer matches the targets."""
-    from mmgpg.lora import count_parameters, resolve_trainable
+    from mmgpg.models.lora import count_parameters, resolve_trainable
 
     try:
         resolve_trainable(model, list(lora_cfg.trainable_modules))

@@ -33,10 +33,10 @@ def _resolve(args):
 
 
 def cmd_model_tiny(args) -> int:
-    from mmgpg.tiny import build_and_save, count_parameters
+    from mmgpg.models.tiny import build_and_save, count_parameters
 
     if args.config_only:
-        from mmgpg.tiny import save_config_only
+        from mmgpg.models.tiny import save_config_only
 
         print(f"wrote {save_config_only(args.out, family=args.family, size=args.size, seed=args.seed)}/config.json")
         return 0
@@ -56,9 +56,9 @@ def cmd_model_info(args) -> int:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
 
-    from mmgpg.checkpoint import check_model_source
-    from mmgpg.modelload import resolve_model_path
-    from mmgpg.tiny import count_parameters
+    from mmgpg.models.load import resolve_model_path
+    from mmgpg.models.tiny import count_parameters
+    from mmgpg.train.checkpoint import check_model_source
 
     path = resolve_model_path(args.model)
     check_model_source(path)
@@ -111,8 +111,8 @@ def cmd_config_groups(args) -> int:
 def cmd_tasks(args) -> int:
     from rich.table import Table
 
-    from mmgpg.schema import ConfigError
     from mmgpg.task import TaskNotFound, build_task, registered_tasks
+    from mmgpg.typed import ConfigError
     from mmgpg.utils import console
 
     table = Table(title="mmgpg tasks (entry points: mmgpg.tasks)")
@@ -137,7 +137,7 @@ def cmd_tasks(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from mmgpg.trainer import Trainer
+    from mmgpg.train.trainer import Trainer
 
     trainer = Trainer(_resolve(args))
     run_dir = trainer.train()
@@ -150,7 +150,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_sft(args) -> int:
-    from mmgpg.sft import SFTTrainer
+    from mmgpg.train.sft import SFTTrainer
 
     trainer = SFTTrainer(_resolve(args))
     final = trainer.train(progress=lambda m: print(json.dumps(m), flush=True))
@@ -160,13 +160,13 @@ def cmd_sft(args) -> int:
 
 def cmd_check(args) -> int:
     from mmgpg.config import resolve
-    from mmgpg.preflight import preflight
+    from mmgpg.evaluation.preflight import preflight
     from mmgpg.utils import console
 
     cfg = resolve(list(args.overrides), config_dirs=args.config_dir).config
     findings = preflight(cfg, split=args.split, examples=args.examples)
     if args.gpus is not None or args.gpu_memory_gb is not None:  # the same test as `mmgpg plan`
-        from mmgpg.plan_cli import memory_finding
+        from mmgpg.cli.plan import memory_finding
 
         findings.append(memory_finding(cfg, args))
     from rich.markup import escape
@@ -187,7 +187,7 @@ def cmd_check(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from mmgpg.plots import plot_run
+    from mmgpg.train.plots import plot_run
 
     for path in plot_run(args.run_dir, args.out):
         print(path)
@@ -195,7 +195,7 @@ def cmd_plot(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from mmgpg.demo import DemoSettings, run_demo
+    from mmgpg.train.demo import DemoSettings, run_demo
     from mmgpg.utils import console
 
     settings = DemoSettings(output=args.output or "", seed=args.seed, sft_steps=args.sft_steps,
@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_train)
 
-    from mmgpg.demo import DemoSettings
+    from mmgpg.train.demo import DemoSettings
 
     d = DemoSettings()
     p = sub.add_parser("demo", help="offline CPU demo: tiny Qwen2-VL, SFT warm start, GPG, before/after + plots",
@@ -273,12 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train")
     p.add_argument("--examples", type=int, default=4, help="examples to load and check")
     _add_config_args(p)
-    from mmgpg.plan_cli import add_hardware_args
+    from mmgpg.cli.plan import add_hardware_args
 
     add_hardware_args(p, required=False)  # with --gpus and --gpu-memory-gb: also the memory plan (mmgpg plan)
     p.set_defaults(func=cmd_check)
 
-    from mmgpg.plan_cli import add_plan_parser
+    from mmgpg.cli.plan import add_plan_parser
 
     add_plan_parser(sub, _add_config_args)
 
@@ -328,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="List the task plugins registered under the entry-point group mmgpg.tasks.")
     p.set_defaults(func=cmd_tasks)
 
-    from mmgpg import eval_cli, theory_cli
+    from mmgpg.cli import eval as eval_cli
+    from mmgpg.cli import theory as theory_cli
 
     eval_cli.add_parsers(sub, _add_config_args)
     theory_cli.add_parsers(sub, _add_config_args)
@@ -355,8 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args) -> int:
-    from mmgpg.schema import ConfigError
     from mmgpg.task import TaskNotFound
+    from mmgpg.typed import ConfigError
 
     try:
         for folder in getattr(args, "config_dir", None) or []:

@@ -43,7 +43,7 @@ class JudgedTask(Task):
             self.rewards["format"] = lambda completion, ex: self.format_score(completion, protocol)
 
     def format_score(self, completion: str, protocol: str) -> float:
-        from mmgpg.rewards import format_reward, strict_format_reward
+        from mmgpg.task.rewards import format_reward, strict_format_reward
 
         rule = format_reward if protocol == "paper" else strict_format_reward
         return rule(completion, prefix=self.format_prefix)
@@ -65,9 +65,9 @@ class JudgedTask(Task):
         return LazyExamples(len(rows), lambda i: self.checked_example(split, i, rows))
 
     def checked_example(self, split: str, index: int, rows: Sequence[Any]) -> Example:
-        """:meth:`example` of row ``index``; any failure becomes one :class:`~mmgpg.taskdata.DataError` naming the
+        """:meth:`example` of row ``index``; any failure becomes one :class:`~mmgpg.task.data.DataError` naming the
         file and line (or task, split and row), the row's id and the task's own message (field, image path)."""
-        from mmgpg.taskdata import BadRow, DataError, DataNotFound
+        from mmgpg.task.data import BadRow, DataError, DataNotFound
 
         source, lines = getattr(rows, "source", ""), getattr(rows, "lines", None)
         where = (f"{source}:{lines[index]}" if source and lines else f"{source} row {index}" if source
@@ -110,10 +110,10 @@ GOLD_FIELDS = frozenset({"answer", "ground_truth"})
 
 
 def require(record: dict, keys: Sequence[str], what: str) -> None:
-    """Raise a clear :class:`~mmgpg.taskdata.DataError` when a record lacks a field its schema needs or a field has
+    """Raise a clear :class:`~mmgpg.task.data.DataError` when a record lacks a field its schema needs or a field has
     the wrong type (:data:`TEXT_FIELDS` text, :data:`GOLD_FIELDS` text/number/boxes, ``messages`` a non-empty list
     of ``{"content": text}``, ``choices`` a list of text, ``images`` a non-empty list)."""
-    from mmgpg.taskdata import DataError
+    from mmgpg.task.data import DataError
 
     if not isinstance(record, dict):
         raise DataError(f"{what}: a record must be an object with fields {', '.join(keys)}; got {type(record).__name__}")

@@ -27,7 +27,7 @@ Where tasks come from:
   ``mmgpg_tasks``) are registered this way in ``pyproject.toml``, and so can any other installed package;
 * ``path/to/file.py:ClassName`` — a task defined in a local file, no packaging needed.
 
-Tasks whose answers are judged by the anchors' rules build on :class:`mmgpg.judged.JudgedTask`.
+Tasks whose answers are judged by the anchors' rules build on :class:`mmgpg.task.judged.JudgedTask`.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from mmgpg.schema import ConfigError, Problem, did_you_mean, from_dict
+from mmgpg.typed import ConfigError, Problem, did_you_mean, from_dict
 
 if TYPE_CHECKING:
-    from mmgpg.judges import Judgement
+    from mmgpg.task.judges import Judgement
 
 ENTRY_POINT_GROUP = "mmgpg.tasks"
 
@@ -229,7 +229,7 @@ def options_problems(cls: type, options: Mapping[str, Any]):
 
 
 def build_task(name: str, options: Mapping[str, Any] | None = None) -> Task:
-    """Instantiate a task with validated options (raises :class:`mmgpg.schema.ConfigError`)."""
+    """Instantiate a task with validated options (raises :class:`mmgpg.typed.ConfigError`)."""
     cls = find_task_class(name)
     options = dict(options or {})
     problems = options_problems(cls, options)
@@ -299,7 +299,7 @@ class SkipBadRows(Sequence[Example]):
         return len(self.items)
 
     def __getitem__(self, index):  # type: ignore[override]
-        from mmgpg.taskdata import DataError, DataNotFound
+        from mmgpg.task.data import DataError, DataNotFound
 
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
@@ -322,7 +322,7 @@ class SkipBadRows(Sequence[Example]):
 def good_items(items: Sequence[Example], limit: int | None, on_bad_row: str) -> tuple[list[Example], dict[int, str]]:
     """The first ``limit`` items (all when None or <= 0) for evaluation: a bad row raises, or under ``skip`` is left
     out and returned in ``{row: reason}`` (never replaced by another row, which would count it twice)."""
-    from mmgpg.taskdata import DataError, DataNotFound
+    from mmgpg.task.data import DataError, DataNotFound
 
     n = len(items) if limit is None or limit <= 0 else min(limit, len(items))
     out, skipped = [], {}

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from mmgpg.jsonl import finite_json
-from mmgpg.judges import Judgement
 from mmgpg.rollout import RolloutEngine, Sampling
 from mmgpg.task import Example, Task
+from mmgpg.task.judges import Judgement
 
 
 def score_sample(task: Task, completion: str, example: Example) -> dict[str, float]:

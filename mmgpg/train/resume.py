@@ -58,7 +58,7 @@ def truncate_logs(run_dir: Path, last_step: int, warn=None) -> None:
 def usable_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint a resume will use, or None when the run has none at all. When it has complete checkpoints
     but every one is damaged, raise instead of starting over (a run must never restart from step 0 by accident)."""
-    from mmgpg.checkpoint import CheckpointError, _warn, complete_checkpoints, latest_checkpoint
+    from mmgpg.train.checkpoint import CheckpointError, _warn, complete_checkpoints, latest_checkpoint
 
     reasons: list[str] = []
     found = latest_checkpoint(run_dir, warn=reasons.append)
@@ -134,7 +134,7 @@ def check_config_changes(changes: dict[str, tuple[Any, Any]], *, checkpoint: Pat
     """Split ``changes`` into ``(run control, other)``; raise :class:`~mmgpg.config.ConfigError` listing the others
     unless ``apply``. ``train.max_steps`` is run control only under a constant learning rate (otherwise the schedule's
     length changes)."""
-    from mmgpg.schema import ConfigError, Problem
+    from mmgpg.typed import ConfigError, Problem
 
     run_control = RUN_CONTROL if command == "train" else SFT_RUN_CONTROL
     steps = f"{command}.max_steps"
@@ -203,8 +203,8 @@ def start_or_resume(run_dir: Path, resume_requested: bool, is_main: bool = True)
 def save_run_state(run_dir: Path, step: int, policy, backend, stream, counters: dict, cfg, keep_last: int) -> Path:
     """Checkpoint ``step`` of a run (``mmgpg train`` or ``mmgpg sft``): the policy, the backend's optimizer and
     schedule, the data stream, the counters, and the resolved config the step was computed with."""
-    from mmgpg.checkpoint import save_checkpoint
     from mmgpg.config import to_yaml
+    from mmgpg.train.checkpoint import save_checkpoint
 
     state = {**backend.state_dict(), "stream": stream.state_dict(), "counters": counters}
     return save_checkpoint(run_dir, step, policy, state, keep_last, extra_files={"config.yaml": to_yaml(cfg)},
@@ -217,7 +217,7 @@ def restore_run_state(checkpoint: Path, run_dir: Path, cfg, backend, stream, set
     with train.resume_config=new, apply ``settings()``) a changed config before anything is loaded, restore the
     backend, the stream and this rank's RNG states (last: loading the model consumed random numbers), cut the logs
     back to the checkpoint's step (rank 0). Returns the saved counters."""
-    from mmgpg.checkpoint import load_trainer_state, set_rng_state
+    from mmgpg.train.checkpoint import load_trainer_state, set_rng_state
 
     changed = check_config(cfg, checkpoint, run_dir, record=is_main, command=command)
     state, rng = load_trainer_state(checkpoint)

@@ -20,7 +20,7 @@ def run_config(run_dir: Path, overrides: list[str]):
     """The run's saved config with ``a.b=value`` overrides applied (a group such as ``task=...`` cannot be swapped
     under a finished run)."""
     from mmgpg.config import Config, ConfigError, Problem, check, from_dict, to_dict
-    from mmgpg.diagnose import load_run_config
+    from mmgpg.theory.diagnose import load_run_config
 
     tree = to_dict(load_run_config(run_dir / "config.yaml")[0])
     for arg in overrides:
@@ -44,7 +44,7 @@ def run_config(run_dir: Path, overrides: list[str]):
 def locate(ckpt: str, step: int | None) -> tuple[Path | None, str, int]:
     """``(run_dir or None, model source, step)``. A run directory gives its checkpoint at ``step`` (default the
     latest; 0 = the run's starting model); any other path or hub id is probed as step ``step or 0``."""
-    from mmgpg.checkpoint import complete_checkpoints
+    from mmgpg.train.checkpoint import complete_checkpoints
 
     path = Path(ckpt)
     if not (path / "config.yaml").exists():
@@ -66,7 +66,7 @@ def probe(cfg, source: str, *, split: str, samples: int, limit: int | None, succ
           batch_prompts: int = 4, chunk: int = 16) -> list[dict]:
     """Load the policy ``source`` and probe the first ``limit`` prompts of ``split`` (:func:`probe_prompts`) with
     ``cfg.rollout``'s sampling settings."""
-    from mmgpg.modelload import load_policy_for
+    from mmgpg.models.load import load_policy_for
     from mmgpg.rollout import build_engine
     from mmgpg.task import build_task, first_items
     from mmgpg.utils import resolve_device
