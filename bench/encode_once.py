@@ -1,6 +1,6 @@
 """What encoding each prompt's images once (shared by its G completions) saves in the log-prob forward + backward.
 
-The peer is the same :meth:`mmgpg.models.qwen_vl.Policy.completion_logprobs` with ``encode_images_once=False``, which runs
+The peer is the same :meth:`mmgpg.models.qwen_vl.QwenVLPolicy.completion_logprobs` with ``encode_images_once=False``, which runs
 the vision tower on G copies of every image (what a naive ``repeat_interleave`` of the batch does). Both run side by
 side in one process on the same rollout, alternating, and the log-probs are checked to agree.
 
@@ -24,7 +24,7 @@ import torch
 def build(dims: str):
     from transformers import Qwen2VLForConditionalGeneration
 
-    from mmgpg.models.qwen_vl import Policy
+    from mmgpg.models.qwen_vl import QwenVLPolicy
     from mmgpg.models.tiny import TINY, Dims, build_config, build_processor, build_tokenizer
 
     tok = build_tokenizer()
@@ -36,7 +36,7 @@ def build(dims: str):
     model = Qwen2VLForConditionalGeneration(build_config("qwen2_vl", d, tok))
     model.generation_config.eos_token_id = [tok.convert_tokens_to_ids("<|im_end|>"), 0]
     model.generation_config.pad_token_id = 0
-    return Policy(model, build_processor("qwen2_vl", tok), min_pixels=3136, max_pixels=12544)
+    return QwenVLPolicy(model, build_processor("qwen2_vl", tok), min_pixels=3136, max_pixels=12544)
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from mmgpg.config import resolve
-    from mmgpg.models.qwen_vl import Policy
+    from mmgpg.models.qwen_vl import QwenVLPolicy
     from mmgpg.models.tiny import build_model
     from mmgpg.train.trainer import Trainer
 
@@ -47,7 +47,7 @@ def main() -> None:
     model, processor = build_model("qwen2_vl", args.size, seed=0, dtype="float32")
     model.to(device)
     build_s = time.perf_counter() - t0
-    policy = Policy(model, processor, min_pixels=3136, max_pixels=args.image_pixels, max_prompt_length=2048)
+    policy = QwenVLPolicy(model, processor, min_pixels=3136, max_pixels=args.image_pixels, max_prompt_length=2048)
     overrides = [
         "task=shapes_parity", "task.num_train=512", f"device={args.device}",
         "model.dtype=auto", f"model.max_pixels={args.image_pixels}", "model.max_prompt_length=2048",

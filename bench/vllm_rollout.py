@@ -86,6 +86,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from mmgpg.config import Config
     from mmgpg.models.load import load_policy
+    from mmgpg.models.save import policy_weights
     from mmgpg.rollout.engine import build_engine
 
     policy = load_policy("tiny", dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu",
@@ -104,8 +105,9 @@ def main() -> None:
               [round(x, 2) for x in r.get("vllm_over_hf", [])], flush=True)
     syncs = []
     for _ in range(5):
-        engines["vllm"].sync_weights()
-        syncs.append(engines["vllm"].last_sync_s)
+        t0 = time.perf_counter()
+        engines["vllm"].sync_weights(policy_weights(policy.model, engines["vllm"].weights_dtype))
+        syncs.append(time.perf_counter() - t0)
     result["colocated_sync_s"] = statistics.median(syncs)
     engines["vllm"].close()
     if args.train_steps:

@@ -23,9 +23,12 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from mmgpg.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, TOKEN_LOSSES  # noqa: F401  (the names)
 
 
 def bind(fn: Callable, **hyper: Any) -> Callable:
@@ -81,11 +84,6 @@ def group_stabilized_advantages(rewards: torch.Tensor, std_eps: float = 1e-4) ->
     return centred / torch.sqrt(var + std_eps)
 
 
-ADVANTAGES: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
-    "group_mean": group_mean_advantages,
-    "group_zscore": group_zscore_advantages,
-    "group_stabilized": group_stabilized_advantages,
-}
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -157,7 +155,6 @@ def clipped_ratio_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_l
     return -torch.minimum(ratio * a, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a)
 
 
-TOKEN_LOSSES = {"reinforce": reinforce_token_loss, "clipped_ratio": clipped_ratio_token_loss}
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -195,16 +192,37 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return torch.exp(d) - d - 1.0
 
 
-KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Aggregation over tokens
 # --------------------------------------------------------------------------------------------------------------------
 
-# The aggregation names (the config validates against this tuple).
-AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant_length")
+def _token_sum(token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (token_loss * mask.to(token_loss.dtype)).sum()
+
+
+def _sequence_means_sum(token_loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(token_loss.dtype)
+    return ((token_loss * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)).sum()
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """How per-token losses become one number: ``numerator(token_loss, mask)`` summed over micro-batches and ranks,
+    divided by one global ``denominator(num_sequences, num_tokens, max_new_tokens)`` of the whole optimizer step."""
+
+    numerator: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    denominator: Callable[[int, int, int], float]
+
+
+# The aggregations (registered by name in mmgpg.registry.AGGREGATIONS):
+# token_mean (GPG paper, DAPO): Σ_i Σ_t ℓ_it / Σ_i |o_i|
+TOKEN_MEAN = Aggregation(_token_sum, lambda sequences, tokens, max_new: float(max(tokens, 1)))
+# seq_mean_token_mean (GPG multimodal code, TRL loss_type="grpo"): Σ_i (Σ_t ℓ_it / |o_i|) / N
+SEQ_MEAN_TOKEN_MEAN = Aggregation(_sequence_means_sum, lambda sequences, tokens, max_new: float(max(sequences, 1)))
+# constant_length (Dr. GRPO): Σ_i Σ_t ℓ_it / (N · max_new_tokens)
+CONSTANT_LENGTH = Aggregation(_token_sum, lambda sequences, tokens, max_new: float(max(sequences, 1) * max_new))
 
 
 def token_loss_sum(token_loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
@@ -213,24 +231,13 @@ def token_loss_sum(token_loss: torch.Tensor, mask: torch.Tensor, mode: str) -> t
     * ``token_mean`` (GPG paper; Dr. GRPO's ``constant_length`` has the same numerator): ``Σ_i Σ_t ℓ_it``;
     * ``seq_mean_token_mean`` (GPG multimodal code, TRL ``loss_type="grpo"``): ``Σ_i (Σ_t ℓ_it / |o_i|)``.
     """
-    m = mask.to(token_loss.dtype)
-    if mode in ("token_mean", "constant_length"):
-        return (token_loss * m).sum()
-    if mode == "seq_mean_token_mean":
-        return ((token_loss * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)).sum()
-    raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {mode!r}")
+    return AGGREGATIONS[mode].numerator(token_loss, mask)
 
 
 def aggregation_denominator(mode: str, num_sequences: int, num_tokens: int, max_new_tokens: int) -> float:
     """The global denominator: tokens (``token_mean``), sequences (``seq_mean_token_mean``) or
     sequences × ``max_new_tokens`` (``constant_length``, Dr. GRPO). Counts are over the whole optimizer step."""
-    if mode == "token_mean":
-        return float(max(num_tokens, 1))
-    if mode == "seq_mean_token_mean":
-        return float(max(num_sequences, 1))
-    if mode == "constant_length":
-        return float(max(num_sequences, 1) * max_new_tokens)
-    raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {mode!r}")
+    return AGGREGATIONS[mode].denominator(num_sequences, num_tokens, max_new_tokens)
 
 
 def aggregate_tokens(token_loss: torch.Tensor, mask: torch.Tensor, mode: str,

@@ -233,3 +233,7 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_dict(v) for k, v in obj.items()}
     return obj
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or used; the message names it and says what to do."""

@@ -48,6 +48,7 @@ class GeoQATask(JudgedTask):
 
     name: ClassVar[str] = "geoqa"
     version: ClassVar[str] = "1"
+    accuracy_is_judge: ClassVar[tuple[str, ...]] = ("strict",)  # accuracy_reward(strict) is math_judge(strict)
 
     train_data: str = "leonardPKU/GEOQA_R1V_Train_8K"
     """Training data: a hub dataset id or a local file/directory with image, problem, solution."""

@@ -42,7 +42,7 @@ def make_trainer(model_dir: str, out: str, algo: str = "gpg", *extra: str):
 def make_groups(trainer, indices, rewards=REWARDS):
     """Groups of fixed pseudo-random completions with unequal lengths (3-12 tokens; some end with EOS, some are cut
     at max_new_tokens without one), scored with the given rewards."""
-    from mmgpg.rollout import Group
+    from mmgpg.rollout.collect import Group
 
     eos = trainer.policy.eos_token_ids[0]
     groups = []

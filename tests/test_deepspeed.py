@@ -237,8 +237,8 @@ def _checkpoint_worker(rank: int, world: int, init_file: str, model_dir: str, ou
 def test_zero3_checkpoint_policy_loads_in_transformers_and_answers_like_the_live_model(tiny_dirs, tmp_path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from mmgpg.models.qwen_vl import Policy
-    from mmgpg.train.checkpoint import verify_checkpoint
+    from mmgpg.models.qwen_vl import QwenVLPolicy
+    from mmgpg.rundir import verify_checkpoint
 
     model_dir = str(tiny_dirs["qwen2_vl"])
     spawn(_checkpoint_worker, (2, str(tmp_path / "init"), model_dir, str(tmp_path)))
@@ -251,7 +251,7 @@ def test_zero3_checkpoint_policy_loads_in_transformers_and_answers_like_the_live
     initial = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     moved = [n for (n, p), q in zip(model.named_parameters(), initial.parameters()) if not torch.equal(p, q)]
     assert moved, "the saved weights equal the initial ones: the step or the ZeRO-3 gather did not happen"
-    policy = Policy(model, AutoProcessor.from_pretrained(checkpoint / "policy"), min_pixels=3136, max_pixels=12544)
+    policy = QwenVLPolicy(model, AutoProcessor.from_pretrained(checkpoint / "policy"), min_pixels=3136, max_pixels=12544)
     trainer_task = make_trainer(model_dir, str(tmp_path / "task-only"), "gpg")
     examples = [trainer_task.dataset[i] for i in range(GREEDY_PROMPTS)]
     batch = policy.generate(policy.encode_prompts([trainer_task.task.prompt(e) for e in examples]), 1,

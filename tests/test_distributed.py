@@ -85,7 +85,7 @@ SCRIPT = {0: ["ZZ", "VZ", "VV"], 1: ["VV", "VZ", "ZZ"]}
 
 
 def _scripted_sampler(rank: int):
-    from mmgpg.rollout import Group
+    from mmgpg.rollout.collect import Group
     from mmgpg.task import Example
 
     def sample(attempt: int):
@@ -100,7 +100,7 @@ def _scripted_sampler(rank: int):
 
 
 def _collect_worker(rank: int, world: int, init_file: str, out: str, min_valid: float, max_attempts: int) -> None:
-    from mmgpg.rollout import collect_groups
+    from mmgpg.rollout.collect import collect_groups
 
     _init(rank, world, init_file)
     try:

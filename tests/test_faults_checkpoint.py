@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from faults_support import TINY, mmgpg, steps
 
+from mmgpg.rundir import complete_checkpoints, latest_checkpoint, verify_checkpoint
 from mmgpg.train import checkpoint as ckpt_mod
-from mmgpg.train.checkpoint import CheckpointError, complete_checkpoints, latest_checkpoint, verify_checkpoint
+from mmgpg.typed import CheckpointError
 
 
 def _truncate(path: Path, keep: float = 0.5) -> None:

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmgpg.train.checkpoint import CheckpointError, load_trainer_state, verify_checkpoint
+from mmgpg.rundir import verify_checkpoint
+from mmgpg.train.checkpoint import load_trainer_state
+from mmgpg.typed import CheckpointError
 
 EVIL_MODULE = """
 open({marker!r}, "w").write("code ran")
@@ -48,7 +50,7 @@ def test_crafted_state_files_are_refused_without_running_code(tmp_path, checkpoi
 
 
 def _judge_from(cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    code = "from mmgpg import mathjudge; print(mathjudge.parse_verify('2', '2'), mathjudge.parse_verify('3', '2'))"
+    code = "from mmgpg.task import mathjudge; print(mathjudge.parse_verify('2', '2'), mathjudge.parse_verify('3', '2'))"
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
                           env=env)
 
@@ -71,7 +73,7 @@ def test_ctrl_c_in_the_terminal_does_not_kill_the_math_worker_with_a_traceback(t
     # The terminal sends SIGINT to the whole foreground process group: parent and worker.
     script = ("import signal, sys, time\n"
               "signal.signal(signal.SIGINT, lambda *a: print('parent got SIGINT', flush=True))\n"
-              "from mmgpg import mathjudge\n"
+              "from mmgpg.task import mathjudge\n"
               "print(mathjudge.parse_verify('2', '2'), flush=True)\n"
               "pid = mathjudge.worker()._proc.pid\n"
               "sys.stdin.readline()\n"

@@ -10,7 +10,7 @@ import time
 
 from faults_support import TINY, steps
 
-from mmgpg.train.checkpoint import complete_checkpoints, verify_checkpoint
+from mmgpg.rundir import complete_checkpoints, verify_checkpoint
 
 
 def test_second_ctrl_c_aborts_without_a_traceback(tmp_path):

@@ -58,6 +58,25 @@ def test_geoqa_judge_probes():
     assert math_judge("<answer>2√{15}</answer>", "2√{15}米", "strict").correct == 1.0
 
 
+def test_geoqa_strict_success_reuses_the_accuracy_reward_it_declares_equal_to_the_judge(monkeypatch):
+    """GEOQA declares accuracy_is_judge=("strict",): its strict accuracy reward must then equal the strict judge on
+    every kind of output, and success must not judge the completion a second time."""
+    from mmgpg.task import Example, task_rewards
+
+    task = build_task("geoqa", {"reward_protocol": "strict"})
+    outputs = ["<answer>140°</answer>", "<answer> 2 </answer>", "<think>x</think><answer>2√{15}</answer>", "", "140",
+               "<answer>3</answer>", "<answer>\\frac{1}{2}</answer>"]
+    for gold in ("140°", "2√{15}米", "0.5", "3"):
+        ex = Example(id="g", images=[], question="q", answer=gold, meta={"ground_truth": gold})
+        for out in outputs:
+            assert task.accuracy_reward(out, ex, "strict") == task.judge(out, ex, "strict").correct, (out, gold)
+    ex = Example(id="g", images=[], question="q", answer="3", meta={"ground_truth": "3"})
+    rewards = task_rewards(task, "<answer>3</answer>", ex)
+    calls = []
+    monkeypatch.setattr(type(task), "judge", lambda self, *a: calls.append(a))
+    assert task.success("<answer>3</answer>", ex, rewards) is True and calls == []
+
+
 def test_classification_judge_probes():
     assert label_judge("<answer></answer>", "pink primrose", "paper").correct == 1.0  # the empty-answer quirk
     assert label_judge("<answer>rose</answer>", "pink primrose", "paper").correct == 1.0
@@ -257,11 +276,11 @@ from PIL import Image
 
 from mmgpg.task.judges import label_judge
 from mmgpg.task.rewards import extract_answer, format_reward, strict_label_match
-from mmgpg.task import Example, LazyExamples
+from mmgpg.task import Example, LazyExamples, Task
 
 
 @dataclass
-class BrightOrDark:
+class BrightOrDark(Task):
     """Is the picture bright or dark? (a user's own task, defined outside mmgpg)"""
 
     name: ClassVar[str] = "bright_or_dark"

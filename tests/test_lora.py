@@ -14,6 +14,7 @@ from test_policy_roundtrip import reference_logprobs
 from mmgpg.config import ConfigError, LoraConfig, resolve, to_yaml
 from mmgpg.models import lora
 from mmgpg.models.load import load_policy
+from mmgpg.models.save import save_policy
 
 PIXELS = dict(dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
 
@@ -109,20 +110,20 @@ def test_reference_with_the_adapter_off_is_exactly_the_base_model(tiny_dirs):
 def test_merged_weights_equal_peft_merge_and_reload_with_identical_greedy_answers(tiny_dirs, tmp_path):
     from transformers import AutoModelForImageTextToText
 
-    from mmgpg.models.qwen_vl import Policy
+    from mmgpg.models.qwen_vl import QwenVLPolicy
 
     path = tiny_dirs["qwen2_vl"]
     policy = _lora_policy(path, vision=True, merger=True, trainable_modules=["lm_head"])
     _perturb(policy, seed=1, scale=0.5)
-    merged = policy.merged_state_dict()
+    merged = lora.merged_state_dict(policy.model)
     reference = copy.deepcopy(policy.peft).merge_and_unload().state_dict()  # PEFT's own merge, on a copy
     assert merged.keys() == reference.keys()
     for k in reference:
         torch.testing.assert_close(merged[k], reference[k], atol=1e-6, rtol=0)
 
-    lora.save_policy(policy, tmp_path / "policy")
+    save_policy(policy, tmp_path / "policy")
     plain = AutoModelForImageTextToText.from_pretrained(tmp_path / "policy")  # plain transformers, no PEFT
-    loaded = Policy(plain, policy.processor, min_pixels=3136, max_pixels=12544)
+    loaded = QwenVLPolicy(plain, policy.processor, min_pixels=3136, max_pixels=12544)
     base = load_policy(str(path), **PIXELS)
     batch = policy.encode_prompts(two_image_conversations())
     answers = [p.generate(batch, 1, max_new_tokens=16, temperature=0.0).completion_ids for p in (policy, loaded, base)]

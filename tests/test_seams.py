@@ -12,8 +12,6 @@ import torch.multiprocessing as mp
 from conftest import two_image_conversations
 
 from mmgpg.models.load import load_policy
-from mmgpg.models.qwen_vl import gather_prompts
-from mmgpg.rollout.hf import HFEngine
 
 
 def test_gather_prompts_equals_encoding_the_same_conversations(tiny_dirs):
@@ -24,7 +22,7 @@ def test_gather_prompts_equals_encoding_the_same_conversations(tiny_dirs):
     text_only = [{"role": "user", "content": [{"type": "text", "text": "No image here, just words."}]}]
     batch = policy.encode_prompts([big, small, text_only])
     for rows, convs in (([1, 0], [small, big]), ([2, 1], [text_only, small]), ([1], [small])):
-        got = gather_prompts([(batch, r) for r in rows], policy.pad_token_id)
+        got = policy.gather_prompts([(batch, r) for r in rows])
         want = policy.encode_prompts(convs)
         for name in ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw"):
             a, b = getattr(got, name), getattr(want, name)
@@ -32,30 +30,55 @@ def test_gather_prompts_equals_encoding_the_same_conversations(tiny_dirs):
         assert got.images_per_prompt == want.images_per_prompt and got.texts == want.texts
 
 
-class CountingEngine(HFEngine):
-    """The real HF engine, counting its calls (registered as `counting` by the test below)."""
+def test_an_engine_backend_and_advantage_registered_from_a_plugin_drive_training(tmp_path):
+    """tests/seam_plugin.py registers through the public registries (no edit of mmgpg, no monkeypatching); the
+    config accepts the new names and the trainer uses all three."""
+    import seam_plugin
 
-    calls: list[tuple[int, float]] = []
-
-    def generate(self, conversations, group_size, sampling):
-        CountingEngine.calls.append((group_size, sampling.temperature))
-        return super().generate(conversations, group_size, sampling)
-
-
-def test_training_and_its_evaluation_generate_through_the_configured_engine(tmp_path, monkeypatch):
     from mmgpg.config import resolve
-    from mmgpg.rollout import engine as engine_module
     from mmgpg.train.trainer import Trainer
 
-    monkeypatch.setitem(engine_module.ENGINES, "counting", f"{__name__}:CountingEngine")
-    CountingEngine.calls = []
-    cfg = resolve(["model=tiny", "rollout.engine=counting", "rollout.group_size=2", "rollout.max_new_tokens=4",
-                   "train.prompts_per_step=2", "train.max_steps=1", "train.eval_every=1", "train.eval_limit=2",
-                   "train.progress=false", "train.tensorboard=false", "algo.min_valid_fraction=0",
-                   f"output_dir={tmp_path / 'run'}"])
-    Trainer(cfg).train()
+    seam_plugin.CountingEngine.calls, seam_plugin.CountingBackend.steps = [], 0
+    args = ["model=tiny", "rollout.engine=counting", "train.backend=counting", "algo.advantage=doubled_group_mean",
+            "rollout.group_size=2", "rollout.max_new_tokens=4", "train.prompts_per_step=2", "train.max_steps=1",
+            "train.eval_every=1", "train.eval_limit=2", "train.progress=false", "train.tensorboard=false",
+            "algo.min_valid_fraction=0", "task=shapes_parity"]
+    trainer = Trainer(resolve([*args, f"output_dir={tmp_path / 'run'}"]))
+    assert isinstance(trainer.engine, seam_plugin.CountingEngine)
+    assert isinstance(trainer.backend, seam_plugin.CountingBackend)
+    rewards = torch.tensor([[1.0, 0.0]])
+    assert torch.equal(trainer.advantage_fn(rewards), torch.tensor([[1.0, -1.0]]))  # the plugin's, not GPG's 0.5
+    trainer.train()
     # step-0 evaluation (greedy, one completion), the rollout (G = 2 at T = 1), the step-1 evaluation
-    assert CountingEngine.calls == [(1, 0.0), (2, 1.0), (1, 0.0)]
+    assert seam_plugin.CountingEngine.calls == [(1, 0.0), (2, 1.0), (1, 0.0)]
+    assert seam_plugin.CountingBackend.steps <= 1
+
+
+def test_registries_refuse_a_duplicate_name_and_list_registered_ones():
+    from mmgpg.backends import BACKENDS
+    from mmgpg.registry import Registry
+    from mmgpg.rollout.engine import ENGINES
+
+    with pytest.raises(ValueError, match="rollout engine 'hf' is already registered"):
+        ENGINES.register("hf", "somewhere:Else")
+    with pytest.raises(ValueError, match="training backend 'plain' is already registered"):
+        BACKENDS.register("plain", "somewhere:Else")
+    reg = Registry("thing", "mmgpg.test_things", {"a": "math:sqrt"})
+    reg.register("b", len)
+    assert list(reg) == ["a", "b"] and reg["a"](9.0) == 3.0 and reg["b"]("xy") == 2
+    with pytest.raises(KeyError, match="unknown thing 'c'; available: a, b"):
+        reg["c"]
+    reg.unregister("b")
+    assert "b" not in reg
+
+
+def test_unknown_registered_names_are_config_errors():
+    from mmgpg.config import ConfigError, resolve
+
+    with pytest.raises(ConfigError) as err:
+        resolve(["model=tiny", "rollout.engine=nope", "train.backend=plain2", "algo.advantage=grp_mean"])
+    text = str(err.value)
+    assert "rollout.engine" in text and "train.backend" in text and "algo.advantage" in text
 
 
 def _bucket_worker(rank: int, world: int, init_file: str, out: str) -> None:

@@ -1,4 +1,5 @@
-"""The package's shape: no import cycle between mmgpg modules, and no module over ~500 lines without a reason.
+"""The package's shape: no import cycle between mmgpg modules, no folder importing a folder above it, and no module
+over ~500 lines without a reason.
 
 Imports are read from the source (every ``import``, also those inside functions, which are a design dependency all
 the same); imports under ``if TYPE_CHECKING:`` are annotations only and are not counted.
@@ -12,10 +13,22 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "mmgpg"
 MAX_LINES = 500
 # module -> why it is allowed to be longer (empty: none is).
-LONG_MODULES: dict[str, str] = {
-    "mmgpg.config": "the schema: one dataclass per config section, each field documented once by the docstring under "
-                    "it (`mmgpg config show --doc` prints them); resolution and checks already live elsewhere",
-}
+LONG_MODULES: dict[str, str] = {}
+
+# The dependency order, bottom first: a unit (a folder of mmgpg/, or a top-level module) may import only units of its
+# own layer or below. Each folder's __init__.py says the same in words.
+LAYERS: list[set[str]] = [
+    {"mmgpg", "registry", "typed", "jsonl", "utils", "distributed", "algorithms"},  # foundations
+    {"models", "task"},  # the policy seam and the task contract
+    {"rollout", "backends"},  # generation and the training backend (they read models/ and task/)
+    {"config"},  # the schema and its checks read every registry below
+    {"rundir"},  # the run directory: reads config.yaml back as a Config
+    {"evaluation"},
+    {"theory"},
+    {"train"},
+    {"cli"},
+    {"__main__"},
+]
 
 
 def _module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -115,3 +128,47 @@ def test_no_module_over_the_line_budget_without_a_reason():
         if lines > MAX_LINES and name not in LONG_MODULES:
             long[name] = lines
     assert not long, f"split these modules (or state why not in LONG_MODULES): {long}"
+
+
+def unit_of(module: str) -> str:
+    """``mmgpg.train.trainer`` -> ``train``; ``mmgpg.algorithms`` -> ``algorithms``; ``mmgpg`` -> ``mmgpg``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layer_violations(graph: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    """Every import of a unit from a higher layer, and every unit no layer names."""
+    rank = {unit: i for i, units in enumerate(layers) for unit in units}
+    out = []
+    for module, targets in sorted(graph.items()):
+        a = unit_of(module)
+        if a not in rank:
+            out.append(f"{module}: its unit {a!r} is in no layer of LAYERS")
+            continue
+        for target in sorted(targets):
+            b = unit_of(target)
+            if b in rank and rank[b] > rank[a]:
+                out.append(f"{module} imports {target} ({a} is below {b})")
+    return out
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        out.setdefault(unit_of(module), set()).update(unit_of(t) for t in targets if unit_of(t) != unit_of(module))
+    return out
+
+
+def test_layer_check_sees_an_upward_import():
+    graph = {"mmgpg.models.a": {"mmgpg.train.b"}, "mmgpg.train.b": {"mmgpg.models.a"}, "mmgpg.x": set()}
+    found = layer_violations(graph, [{"models"}, {"train"}])
+    assert found == ["mmgpg.models.a imports mmgpg.train.b (models is below train)", "mmgpg.x: its unit 'x' is in no "
+                     "layer of LAYERS"]
+
+
+def test_no_folder_imports_a_folder_above_it():
+    assert layer_violations(import_graph(), LAYERS) == []
+
+
+def test_no_import_cycle_between_folders():
+    assert find_cycle(folder_graph(import_graph())) is None

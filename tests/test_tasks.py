@@ -28,10 +28,10 @@ def test_unknown_task_lists_available_and_suggests():
 USER_TASK = '''
 from dataclasses import dataclass
 from typing import ClassVar
-from mmgpg.task import Example
+from mmgpg.task import Example, Task
 
 @dataclass
-class Parity:
+class Parity(Task):
     name: ClassVar[str] = "parity"
     version: ClassVar[str] = "0"
     size: int = 4
@@ -68,7 +68,7 @@ def test_task_from_a_local_file(tmp_path):
         find_task_class(f"{broken}:X")
     notask = tmp_path / "notask.py"
     notask.write_text("class X:\n    name = 'x'\n")
-    with pytest.raises(TaskNotFound, match="lacks load, prompt"):
+    with pytest.raises(TaskNotFound, match="does not subclass mmgpg.task.Task"):
         find_task_class(f"{notask}:X")
     halfway = tmp_path / "halfway.py"
     halfway.write_text("from mmgpg.task import Task\nclass H(Task):\n    def load(self, split):\n        return []\n")
@@ -149,8 +149,18 @@ def test_rewards_are_total_on_any_text(text, gold):
     assert fn(f"<think>{text}</think><answer>{gold}</answer>", ex) == 1.0
 
 
-def test_a_task_that_does_not_subclass_task_gets_the_contract_defaults(tmp_path):
-    """USER_TASK (duck-typed) behaves as a Task: every hook the evaluator, SFT and diagnostics call exists."""
+def test_a_task_class_must_subclass_task(tmp_path):
+    """One contract: a class with the right members that does not subclass Task is refused with the fix."""
+    path = tmp_path / "duck.py"
+    path.write_text(USER_TASK.replace("class Parity(Task):", "class Parity:"))
+    with pytest.raises(TaskNotFound, match="does not subclass mmgpg.task.Task") as err:
+        build_task(f"{path}:Parity")
+    assert "class Parity(Task)" in err.value.fix
+
+
+def test_a_task_subclass_gets_the_contract_defaults(tmp_path):
+    """USER_TASK defines only name, load, prompt and rewards: every hook the evaluator, SFT and diagnostics call
+    exists with its default."""
     from mmgpg.evaluation.run import judge_output, judged_metrics
     from mmgpg.task import Task
 
@@ -167,7 +177,7 @@ def test_a_task_that_does_not_subclass_task_gets_the_contract_defaults(tmp_path)
     assert judged_metrics(task, records) == {"accuracy": 0.5}  # no judge: the mean of each reward
 
 
-def test_a_judge_result_must_be_a_judgement_or_a_mapping_with_correct(tmp_path):
+def test_a_judge_result_must_be_a_judgement(tmp_path):
     from mmgpg.evaluation.run import judge_output
 
     path = tmp_path / "my_task.py"
@@ -179,8 +189,7 @@ def test_a_judge_result_must_be_a_judgement_or_a_mapping_with_correct(tmp_path):
 """)
     task = build_task(f"{path}:Parity", {"size": 2})
     ex = task.load("train")[0]
-    record = judge_output(task, " yes", ex, "paper")  # a dict-returning judge (the pre-Judgement API) still works
-    assert record == {"correct": 1.0, "extracted": "yes", "parse_failure": 0.0, "why": "x",
-                      "rewards": {"accuracy": 1.0}}
+    with pytest.raises(TypeError, match="got dict"):  # one return type: a dict (the old API) is refused
+        judge_output(task, " yes", ex, "paper")
     with pytest.raises(TypeError, match="task 'parity' judge\\(\\) must return a mmgpg.task.judges.Judgement"):
         judge_output(task, "bad", ex, "paper")

@@ -24,6 +24,7 @@ else:
 
 from mmgpg.config import resolve  # noqa: E402
 from mmgpg.models.load import load_policy  # noqa: E402
+from mmgpg.models.save import policy_weights  # noqa: E402
 from mmgpg.rollout.check import LogprobMismatchError  # noqa: E402
 from mmgpg.rollout.engine import Sampling, build_engine  # noqa: E402
 
@@ -135,12 +136,12 @@ def test_sync_reaches_every_cache(engine):
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))
         stale = _logprob_diff(policy, engine.generate(convs, 2, Sampling(8, seed_key=(9,))))
         assert stale.mean() > 100 * MEAN_TOL  # without a sync the check would see it
-        engine.sync_weights()
+        engine.sync_weights(policy_weights(policy.model))
         fresh = _logprob_diff(policy, engine.generate(convs, 2, Sampling(8, seed_key=(9,))))
         assert fresh.max() <= TOKEN_TOL and fresh.mean() <= MEAN_TOL, (fresh.max(), fresh.mean())
     finally:
         policy.model.load_state_dict(saved)
-        engine.sync_weights()
+        engine.sync_weights(policy_weights(policy.model))
 
 
 def test_qwen2_5_vl_greedy_equals_hf(tiny_dirs):
@@ -167,7 +168,7 @@ def test_check_holds_after_update_and_sync_and_fires_when_sync_is_skipped(tmp_pa
         assert first["grad_norm"] > 0, "the first step must change the weights"
         for m in (first, second):  # second: sampled by vLLM after the first GPG update + sync
             assert m["rollout/logprob_diff_max"] <= TOKEN_TOL and m["rollout/logprob_diff_mean"] <= MEAN_TOL, m
-        trainer.engine.sync_weights = lambda: None  # the breakage: this step's update is not synced
+        trainer.engine.sync_weights = lambda weights: None  # the breakage: this step's update is not synced
         trainer.train_step()
         steps = trainer.state.optimizer_steps
         with pytest.raises(LogprobMismatchError, match="sync was skipped"):
@@ -180,7 +181,7 @@ def test_check_holds_after_update_and_sync_and_fires_when_sync_is_skipped(tmp_pa
 def test_lora_policy_syncs_merged_weights(tmp_path, monkeypatch):
     """LoRA: vLLM gets the adapters merged into the base weights (its own LoRA does not cover the vision tower). After
     a LoRA update + sync the agreement holds; with the merge left out of the sync it does not."""
-    from mmgpg.rollout import vllm as vllm_engine
+    from mmgpg.backends import plain
     from mmgpg.train.trainer import Trainer
 
     trainer = Trainer(resolve([*TRAIN, "train.max_steps=10", "model.lora.rank=4", "model.lora.alpha=8",
@@ -192,8 +193,8 @@ def test_lora_policy_syncs_merged_weights(tmp_path, monkeypatch):
             assert m["rollout/logprob_diff_max"] <= TOKEN_TOL and m["rollout/logprob_diff_mean"] <= MEAN_TOL, m
         # the breakage: sync the base weights only (model.state_dict() keeps the adapters apart, under PEFT's names;
         # without the merge vLLM would keep generating with the weights it has)
-        monkeypatch.setattr(vllm_engine, "state_dict_for_vllm", lambda model: {
-            k.replace(".base_layer", ""): v for k, v in model.state_dict().items() if "lora_" not in k})
+        monkeypatch.setattr(plain, "policy_weights", lambda model, dtype=None: (
+            (k.replace(".base_layer", ""), v) for k, v in model.state_dict().items() if "lora_" not in k))
         trainer.train_step()
         with pytest.raises(LogprobMismatchError):
             trainer.train_step()
@@ -267,7 +268,7 @@ def test_server_mode_same_rollouts_sync_and_shutdown(server, tiny_dirs):
     with torch.no_grad():
         for p in policy.model.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    eng.sync_weights()  # through a file in /dev/shm
+    eng.sync_weights(policy_weights(policy.model))  # through a file in /dev/shm
     diff = _logprob_diff(policy, eng.generate(convs, 4, Sampling(16, seed_key=(3,))))
     assert diff.max() <= TOKEN_TOL and diff.mean() <= MEAN_TOL, (diff.max(), diff.mean())
     with pytest.raises(ValueError, match="refused /generate"):  # a bad request comes back as one message

@@ -2,13 +2,21 @@
 gradient sum, clipping, the step, and the backend's own checkpoint state.
 
 The trainer and ``mmgpg sft`` only talk to a backend through :class:`TrainingBackend`. A backend is chosen by
-``train.backend`` from :data:`BACKENDS` (``name -> "module:Class"``); adding one is one file plus one entry here.
-A backend class is built as ``Backend(config)`` with the resolved :class:`mmgpg.config.Config`.
+``train.backend`` from :data:`BACKENDS`; adding one is one file plus one registration (a built-in entry below, or
+``BACKENDS.register(name, "module:Class")`` / an ``mmgpg.backends`` entry point from a plugin). A backend class is
+built as ``Backend(config)`` with the resolved :class:`mmgpg.config.Config`. The backend's memory model for
+``mmgpg plan`` lives beside it (:mod:`mmgpg.backends.memory`).
+
+The backend owns the weights' placement, so it is also where a rollout engine's copy comes from:
+:meth:`TrainingBackend.full_weights` (gathered under ZeRO-3, LoRA merged) feeds
+:meth:`mmgpg.rollout.engine.RolloutEngine.sync_weights`.
+
+May import: the top-level modules and :mod:`mmgpg.models`.
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +27,11 @@ if TYPE_CHECKING:
 
     from mmgpg.distributed import DistInfo
 
-# The one place backend names live: config validation and `build_backend` both read this.
-BACKENDS: dict[str, str] = {"plain": "mmgpg.backends.plain:PlainBackend",
-                             "deepspeed": "mmgpg.backends.deepspeed:DeepSpeedBackend"}
+from mmgpg.registry import Registry
+
+# The backend names: config validation, `mmgpg plan --backend` and `build_backend` all read this registry.
+BACKENDS = Registry("training backend", "mmgpg.backends",
+                    {"plain": "mmgpg.backends.plain:PlainBackend", "deepspeed": "mmgpg.backends.deepspeed:DeepSpeedBackend"})
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,11 @@ class TrainingBackend(Protocol):
     params: list[torch.nn.Parameter]  # the trainable parameters (after `prepare`)
 
     equal_micro_batches: bool  # True: forward/backward hold collectives, so every rank must run as many micro-batches
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where tensors of collectives live (nccl reduces CUDA tensors only, gloo CPU ones)."""
+        ...
 
     def weights_dtype(self, requested: str) -> str:
         """The dtype to load weights in, given ``model.dtype`` (e.g. float32 master weights under bf16 autocast)."""
@@ -95,6 +110,13 @@ class TrainingBackend(Protocol):
         partitioned; otherwise the model as it is)."""
         ...
 
+    def full_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's full current weights as ``(Hugging Face name, tensor)`` pairs in ``dtype``, each storage once,
+        LoRA adapters merged: what a rollout engine with its own copy loads after each step. Collective under a
+        partitioned backend (every rank iterates it to the end; ZeRO-3 gathers one module at a time, so no second full
+        copy is ever held)."""
+        ...
+
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The full weights for ``save_pretrained`` (collective; None: the model's own state dict is complete)."""
         ...
@@ -113,5 +135,4 @@ class TrainingBackend(Protocol):
 def build_backend(name: str, config: Any) -> TrainingBackend:
     if name not in BACKENDS:
         raise ValueError(f"unknown training backend {name!r}; available: {', '.join(sorted(BACKENDS))}")
-    module, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(config)
+    return BACKENDS[name](config)

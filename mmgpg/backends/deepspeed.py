@@ -29,7 +29,7 @@ import torch
 from mmgpg import distributed
 from mmgpg.backends import OptimizerSettings, StepResult
 from mmgpg.backends.deepspeed_config import INSTALL_HINT, derive, merge, read_user_config
-from mmgpg.utils import resolve_device
+from mmgpg.models.load import resolve_device
 
 
 def _import_deepspeed():
@@ -206,6 +206,18 @@ class DeepSpeedBackend:
 
     # ---- checkpoints ----------------------------------------------------------------------------------------------
 
+    def full_weights(self, dtype: torch.dtype | None = None):
+        """ZeRO-0/1/2: every rank holds the full weights (the module's own tensors). ZeRO-3: the parameters are
+        empty placeholders outside a gather, so each module's own parameters are gathered in turn
+        (``GatheredParameters`` over ``parameters(recurse=False)``: one module's worth of memory at a time), copied in
+        ``dtype``, and released; persistent buffers are never partitioned. Collective under ZeRO-3: every rank
+        iterates to the end. (LoRA is refused with DeepSpeed by the config, so there is nothing to merge here.)"""
+        from mmgpg.models.save import policy_weights, unique_tensors
+
+        if self.zero_stage != 3:
+            return policy_weights(self.engine.module, dtype)
+        return unique_tensors(_gathered_tensors(self.engine.module, dtype), dtype)
+
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         if self.zero_stage != 3:
             return None
@@ -228,7 +240,7 @@ class DeepSpeedBackend:
                 "deepspeed": {"zero_stage": self.zero_stage, "world_size": self.dist.world_size}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from mmgpg.train.checkpoint import CheckpointError
+        from mmgpg.typed import CheckpointError
 
         saved = state.get("deepspeed")
         if saved is None:
@@ -257,6 +269,26 @@ def _init_single_process_group(backend: str) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+
+
+def _gathered_tensors(model: torch.nn.Module, dtype: torch.dtype | None):
+    """``(name, full tensor)`` for every parameter and persistent buffer of a ZeRO-3 ``model``, gathered one module
+    at a time (every rank must consume the whole iterator: each gather is a collective)."""
+    import deepspeed
+
+    seen: set[int] = set()
+    for prefix, module in model.named_modules():
+        params = [(n, q) for n, q in module.named_parameters(recurse=False) if id(q) not in seen]
+        seen.update(id(q) for _, q in params)
+        if params:
+            with deepspeed.zero.GatheredParameters([q for _, q in params], modifier_rank=None):
+                for name, q in params:
+                    full = q.detach()
+                    yield (f"{prefix}.{name}" if prefix else name), (full.to(dtype, copy=True) if dtype is not None
+                                                                      and full.is_floating_point() else full.clone())
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is not None and name not in module._non_persistent_buffers_set:
+                yield (f"{prefix}.{name}" if prefix else name), buf.detach()
 
 
 @contextlib.contextmanager

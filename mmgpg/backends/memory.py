@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GIB = 2**30
-BACKENDS = ("plain", "deepspeed")
 OFFLOADS = ("none", "optimizer", "optimizer+params")
 # The precision of the training forward: "autocast" = fp32 weights under bf16 autocast (the plain backend on a
 # bf16 GPU with model.dtype=auto: mmgpg/train/trainer.py), "fp32" = everything fp32, "bf16" = 16-bit weights, no autocast
@@ -63,8 +62,8 @@ def model_shape(path: str, lora=None) -> ModelShape:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
+    from mmgpg.models import FAMILIES
     from mmgpg.models.load import resolve_model_path
-    from mmgpg.models.qwen_vl import SUPPORTED_MODEL_TYPES
     from mmgpg.models.tiny import count_parameters
 
     path = resolve_model_path(path)
@@ -76,8 +75,8 @@ def model_shape(path: str, lora=None) -> ModelShape:
             "config.json: pass a local directory as model.name_or_path=DIR (a downloaded checkpoint, or the real "
             "dimensions without weights: mmgpg model tiny --size shape_true --config-only --out DIR)."
         ) from None
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"{path!r} is a {config.model_type!r} model; mmgpg plans {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if config.model_type not in FAMILIES:
+        raise ValueError(f"{path!r} is a {config.model_type!r} model; mmgpg plans {', '.join(FAMILIES)}")
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(config)
     counts = count_parameters(model)
@@ -271,6 +270,8 @@ class Plan:
 
 def check_setup(backend: str, zero_stage: int, offload: str, gpus: int, nodes: int, gpu_memory_gb: float) -> None:
     """One clear message for a combination DeepSpeed or mmgpg does not support."""
+    from mmgpg.backends import BACKENDS
+
     if backend not in BACKENDS:
         raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
     if offload not in OFFLOADS:

@@ -13,7 +13,8 @@ import torch
 
 from mmgpg import distributed
 from mmgpg.backends import OptimizerSettings, StepResult
-from mmgpg.utils import resolve_device
+from mmgpg.models.load import resolve_device
+from mmgpg.models.save import policy_weights
 
 
 class PlainBackend:
@@ -27,6 +28,7 @@ class PlainBackend:
             torch.cuda.set_device(device)
         self.device = device
         self.bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported() and config.model.dtype == "auto"
+        self.model: torch.nn.Module | None = None
         self.params: list[torch.nn.Parameter] = []
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
@@ -50,6 +52,7 @@ class PlainBackend:
         from transformers import get_scheduler
 
         self.settings = settings
+        self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=settings.learning_rate, betas=tuple(settings.betas),
                                            eps=settings.eps, weight_decay=settings.weight_decay)
@@ -112,6 +115,9 @@ class PlainBackend:
     def partition_reference(self, model: torch.nn.Module) -> torch.nn.Module:
         return model  # a full copy per process, as the policy
 
+    def full_weights(self, dtype: torch.dtype | None = None):
+        return policy_weights(self.model, dtype)  # a full copy per process: the model's own tensors (LoRA merged)
+
     def full_state_dict(self) -> None:
         return None
 
@@ -126,7 +132,7 @@ class PlainBackend:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "deepspeed" in state:
-            from mmgpg.train.checkpoint import CheckpointError
+            from mmgpg.typed import CheckpointError
 
             raise CheckpointError("this checkpoint was written by the DeepSpeed backend (its optimizer state is in "
                                   "engine/): resume it with train.backend=deepspeed, or start a new run from its "

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from mmgpg.backends.memory import BACKENDS, GIB, OFFLOADS, Plan, model_shape, plan_memory
+from mmgpg.backends import BACKENDS
+from mmgpg.backends.memory import GIB, OFFLOADS, Plan, model_shape, plan_memory
+from mmgpg.cli.common import add_config_args
 
 ROWS = (
     ("parameters", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
@@ -71,7 +73,7 @@ def add_hardware_args(p: argparse.ArgumentParser, required: bool = True) -> None
     p.add_argument("--gpu-memory-gb", type=float, required=required, help="memory of one GPU in GiB (e.g. 80)")
     p.add_argument("--reserve-gb", type=float, default=2.0,
                    help="kept free for the CUDA context, NCCL buffers and fragmentation (default 2 GiB; a judgement)")
-    p.add_argument("--backend", choices=BACKENDS, default=None, help="default: train.backend")
+    p.add_argument("--backend", choices=list(BACKENDS), default=None, help="default: train.backend")
     p.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
                    help="DeepSpeed ZeRO stage (default: train.zero_stage with the deepspeed backend)")
     p.add_argument("--offload", choices=OFFLOADS, default=None,
@@ -103,7 +105,7 @@ def plan_from_args(cfg, args) -> Plan:
                        offload=offload, reserve_gb=args.reserve_gb, images_per_prompt=args.images_per_prompt)
 
 
-def add_plan_parser(sub, add_config_args) -> None:
+def register(sub) -> None:
     p = sub.add_parser(
         "plan", help="per-GPU memory of a training config (no weights read); exit 1 when it does not fit",
         description="Build the configured model on the meta device and print, per GPU, parameters, gradients, "

@@ -1,11 +1,15 @@
 """``mmgpg theory predict``, ``mmgpg diagnose`` and ``mmgpg probe``: the success-amplification tools
-(docs/theory.md). Registered on the main parser by :func:`add_parsers`."""
+(docs/theory.md)."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+from pathlib import Path
+
+from mmgpg.cli.common import add_config_args
+from mmgpg.rundir import PROBES
 
 
 def _fmt_p(p: float, log10_one_minus_p: float | None = None) -> str:
@@ -87,6 +91,29 @@ def print_prediction(result: dict) -> None:
         print(f"  {label}: {result['formulas'][key]}")
 
 
+def cmd_probe(args) -> int:
+    from mmgpg.config import resolve
+    from mmgpg.rundir import read_config, replace_probe
+    from mmgpg.theory.probe import locate, probe
+    from mmgpg.utils import seed_everything
+
+    run_dir, source, step = locate(args.ckpt, args.step)
+    if run_dir is not None:
+        cfg = read_config(run_dir, overrides=args.overrides, lenient=True)[0]
+    else:
+        cfg = resolve(args.overrides, config_dirs=args.config_dir).config
+    seed_everything(cfg.seed + 20_000 + step)
+    records = probe(cfg, source, step=step, split=args.split, samples=args.samples, limit=args.limit,
+                    success_threshold=args.success_threshold, batch_prompts=args.batch_prompts)
+    out = Path(args.out) if args.out else (run_dir / PROBES if run_dir is not None else Path(PROBES))
+    replace_probe(out, records)
+    k = sum(r.successes for r in records)
+    n = sum(r.samples for r in records)
+    print(f"probed {len(records)} prompts of {args.split} x {args.samples} samples at step {step} "
+          f"({source or cfg.model.name_or_path}): mean success {k / max(n, 1):.3f}; wrote {out}")
+    return 0
+
+
 def cmd_diagnose(args) -> int:
     from mmgpg.theory.report import run_diagnose
 
@@ -96,8 +123,8 @@ def cmd_diagnose(args) -> int:
     return 0
 
 
-def add_parsers(sub, add_config_args) -> None:
-    """Register ``theory``, ``diagnose`` and ``probe`` on the main subparsers."""
+def register(sub) -> None:
+    """``theory predict``, ``diagnose`` and ``probe``."""
     p = sub.add_parser("theory", help="success-amplification theory of the configured objective (docs/theory.md)",
                        description="Theory of binary success under the configured objective.")
     tsub = p.add_subparsers(dest="theory_command", metavar="ACTION", required=True)
@@ -127,6 +154,21 @@ def add_parsers(sub, add_config_args) -> None:
                    help="count total reward >= this as success (instead of the task's success hook; needed without one)")
     p.set_defaults(func=cmd_diagnose)
 
-    from mmgpg.theory.probe import add_parser as add_probe_parser
-
-    add_probe_parser(sub, add_config_args)
+    p = sub.add_parser("probe", help="per-prompt success counts of a checkpoint at the rollout's sampling settings",
+                       description="Sample --samples completions for each of the first --limit prompts of --split "
+                       "with rollout.temperature/top_p/top_k/max_new_tokens, count successes (the task's success "
+                       "hook, or total reward >= --success-threshold) and write probe_success.jsonl: into CKPT when it "
+                       "is a training run directory (its config is used; --step 0 probes the starting model, which "
+                       "gives p_ref), else to --out. Example: mmgpg probe runs/gpg --step 0 --samples 64 --limit 100")
+    p.add_argument("ckpt", help="a training run directory, a model directory or hub id, or tiny")
+    p.add_argument("--step", type=int, default=None,
+                   help="checkpoint step of a run directory (default the latest; 0 = the starting model)")
+    p.add_argument("--split", default="train", help="task split (default train: the prompts the run trains on)")
+    p.add_argument("--samples", type=int, default=64, help="completions per prompt (default 64)")
+    p.add_argument("--limit", type=int, default=None, help="first N prompts only")
+    p.add_argument("--batch-prompts", type=int, default=4, help="prompts per generate call (default 4)")
+    p.add_argument("--success-threshold", type=float, default=None,
+                   help="count total reward >= this as success (instead of the task's success hook; needed without one)")
+    p.add_argument("--out", default=None, help=f"output file (default RUN_DIR/{PROBES} or ./{PROBES})")
+    add_config_args(p)
+    p.set_defaults(func=cmd_probe)

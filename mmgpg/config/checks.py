@@ -108,15 +108,15 @@ def check(cfg: Config) -> list[Problem]:
 
 def _check_registered(cfg: Config) -> list[Problem]:
     """Names that must be keys of a registry (each name list lives once, beside its implementations)."""
-    from mmgpg import algorithms
     from mmgpg.backends import BACKENDS
+    from mmgpg.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, TOKEN_LOSSES
     from mmgpg.rollout.engine import ENGINES
 
     out = []
-    for key, value, names in (("algo.advantage", cfg.algo.advantage, algorithms.ADVANTAGES),
-                              ("algo.token_loss", cfg.algo.token_loss, algorithms.TOKEN_LOSSES),
-                              ("algo.aggregation", cfg.algo.aggregation, algorithms.AGGREGATIONS),
-                              ("algo.kl_estimator", cfg.algo.kl_estimator, algorithms.KL_ESTIMATORS),
+    for key, value, names in (("algo.advantage", cfg.algo.advantage, ADVANTAGES),
+                              ("algo.token_loss", cfg.algo.token_loss, TOKEN_LOSSES),
+                              ("algo.aggregation", cfg.algo.aggregation, AGGREGATIONS),
+                              ("algo.kl_estimator", cfg.algo.kl_estimator, KL_ESTIMATORS),
                               ("rollout.engine", cfg.rollout.engine, ENGINES),
                               ("train.backend", cfg.train.backend, BACKENDS)):
         if value not in names:
@@ -131,3 +131,23 @@ def _check_task(task: TaskConfig) -> list[Problem]:
     except TaskNotFound as err:
         return [Problem("task.name", task.name, err.why, err.fix)]
     return options_problems(cls, task.options)
+
+
+def check_training(cfg: Config, world_size: int) -> list[Problem]:
+    """What only ``mmgpg train`` needs, checked when it starts (the world size is known then): the step's prompts
+    split evenly over the ranks, groups of two or more (a group of one never has variance), wandb installed."""
+    problems = []
+    if cfg.train.prompts_per_step % world_size:
+        problems.append(Problem("train.prompts_per_step", cfg.train.prompts_per_step,
+                                f"It must split evenly over the {world_size} ranks.", f"use a multiple of {world_size}."))
+    if cfg.rollout.group_size < 2:
+        problems.append(Problem("rollout.group_size", cfg.rollout.group_size,
+                                "A group of one always has zero variance and never teaches anything.",
+                                "use 2 or more (the papers use 8)."))
+    if cfg.train.wandb:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            problems.append(Problem("train.wandb", True, "The wandb package is not installed.",
+                                    "pip install wandb, or set train.wandb=false."))
+    return problems

@@ -56,7 +56,7 @@ def judge_output(task: Task, completion: str, example: Example, protocol: str) -
     if decision is None:
         return {"correct": rewards.get("accuracy", rewards.get(next(iter(rewards), ""), 0.0)), "extracted": "",
                 "rewards": rewards}
-    return {**Judgement.coerce(decision, f"task {task.name!r} judge()").record(), "rewards": rewards}
+    return {**Judgement.check(decision, f"task {task.name!r} judge()").record(), "rewards": rewards}
 
 
 def judged_metrics(task: Task, records: Sequence[dict[str, Any]]) -> dict[str, float]:

@@ -1,1 +1,61 @@
-"""TODO"""
+"""Models: the policy seam (:class:`Policy`), its Qwen2-VL / Qwen2.5-VL implementation (:mod:`.qwen_vl`), the
+batches that cross the seam (:mod:`.batch`), chunked log-probs (:mod:`.logprobs`), loading and the device
+(:mod:`.load`), LoRA (:mod:`.lora`), saving (:mod:`.save`) and the offline tiny models (:mod:`.tiny`).
+
+Everything model-family-specific stays in the family's file; the rest of mmgpg sees the three operations of
+:class:`Policy`. May import: the top-level modules only (not config, task, rollout or anything above).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+
+if TYPE_CHECKING:
+    import torch
+
+    from mmgpg.models.batch import CompletionBatch, PromptBatch
+
+# The model families mmgpg loads (a model's config.json `model_type`); the one list, read by loading, the tiny
+# builder, `mmgpg model tiny --family`, the planner and the tasks.
+QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+FAMILIES = QWEN_VL_FAMILIES
+# model.name_or_path=tiny (or tiny:<family>) builds a random tiny model offline (mmgpg.models.tiny)
+TINY_PREFIX = "tiny"
+# The dtypes a policy is loaded in (model.dtype) and a rollout engine runs in; "auto": bfloat16 on a GPU that
+# supports it, else float32.
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+
+
+class Policy(Protocol):
+    """A loaded model with its processor and the operations RL needs (:class:`mmgpg.models.qwen_vl.QwenVLPolicy`).
+
+    * :meth:`encode_prompts` — chat conversations → one left-padded :class:`~mmgpg.models.batch.PromptBatch`;
+    * :meth:`generate` — ``group_size`` sampled completions per prompt, prompt-major
+      (:class:`~mmgpg.models.batch.CompletionBatch`; the mask ends at the first EOS of any id);
+    * :meth:`completion_logprobs` — differentiable per-token log-probs of the completion tokens only.
+    """
+
+    model: torch.nn.Module
+    processor: Any
+    peft: Any  # the peft.PeftModel owning LoRA adapters, or None
+    family: str
+    eos_token_ids: list[int]
+    pad_token_id: int
+    max_prompt_length: int | None
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def encode_prompts(self, conversations: Sequence[list[dict]]) -> PromptBatch: ...
+
+    def generate(self, prompts: PromptBatch, group_size: int, *, max_new_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, top_k: int = 0) -> CompletionBatch: ...
+
+    def completion_logprobs(self, rollout: CompletionBatch, *, chunk_size: int = 1024, temperature: float = 1.0,
+                            encode_images_once: bool = True) -> torch.Tensor: ...
+
+    def gather_prompts(self, rows: Sequence[tuple[PromptBatch, int]]) -> PromptBatch:
+        """One batch of prompt ``p`` of each ``(batch, p)`` (the update's micro-batches reuse the rollout's encoding)."""
+        ...

@@ -3,13 +3,15 @@ the default device. The one place ``from_pretrained`` is called for the policy (
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from mmgpg.models.qwen_vl import SUPPORTED_MODEL_TYPES, TINY_PREFIX, Policy
+from mmgpg.models import DTYPES, FAMILIES, TINY_PREFIX, Policy
+from mmgpg.models.qwen_vl import QwenVLPolicy
 
 
 def cache_dir() -> Path:
@@ -24,8 +26,6 @@ def resolve_model_path(name_or_path: str) -> str:
     """
     if name_or_path != TINY_PREFIX and not name_or_path.startswith(TINY_PREFIX + ":"):
         return name_or_path
-    from mmgpg.models.tiny import FAMILIES
-
     family = name_or_path.partition(":")[2] or "qwen2_vl"
     if family not in FAMILIES:
         raise ValueError(f"unknown tiny model family {family!r}; use one of: tiny, " + ", ".join(f"tiny:{f}" for f in FAMILIES))
@@ -66,8 +66,8 @@ def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
         if dev.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.bfloat16
         return torch.float32
-    if name not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16; got {name!r}")
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {name!r}")
     return getattr(torch, name)
 
 
@@ -75,6 +75,16 @@ def default_device() -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` → ``cuda:LOCAL_RANK`` when a GPU exists, else ``cpu``; anything else as torch reads it."""
+    if name == "auto":
+        return default_device()
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={name!r} but torch sees no CUDA GPU; use device=cpu or device=auto")
+    return device
 
 
 def load_policy(
@@ -95,8 +105,6 @@ def load_policy(
     """
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-    from mmgpg.train.checkpoint import check_model_source
-
     path = resolve_model_path(name_or_path)
     local = check_model_source(path)
     try:
@@ -108,9 +116,9 @@ def load_policy(
             f"could not load model {name_or_path!r}: it is not a local directory and the Hugging Face hub did not "
             f"provide it ({err}). Offline, download it elsewhere and pass the directory, or use model=tiny."
         ) from err
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
+    if config.model_type not in FAMILIES:
         raise ValueError(
-            f"{name_or_path!r} is a {config.model_type!r} model; mmgpg supports {', '.join(SUPPORTED_MODEL_TYPES)}"
+            f"{name_or_path!r} is a {config.model_type!r} model; mmgpg supports {', '.join(FAMILIES)}"
         )
     device = torch.device(device) if device is not None else default_device()
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, device)}
@@ -122,7 +130,7 @@ def load_policy(
     else:
         model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
     processor = AutoProcessor.from_pretrained(path)
-    return Policy(model, processor, min_pixels=min_pixels, max_pixels=max_pixels, max_prompt_length=max_prompt_length)
+    return QwenVLPolicy(model, processor, min_pixels=min_pixels, max_pixels=max_pixels, max_prompt_length=max_prompt_length)
 
 
 def load_policy_for(model_cfg, device: torch.device | str, *, source: str | None = None,
@@ -156,3 +164,30 @@ def load_for_training(model_cfg, device, dtype: str, checkpoint: Path | None = N
     policy = policy or load_policy_for(model_cfg, device, dtype=dtype)
     attach(policy, model_cfg.lora, adapter)
     return policy
+
+
+def check_model_source(path: str) -> bool:
+    """True for a usable local model directory; raise a clear error for a local path that is not one (missing,
+    a file, no or unreadable config.json, no weights). A name that cannot be a hub id (``a/b/c``, ``./x``, ``/x``,
+    ``~/x``, or ``dir/x`` where ``dir`` exists here) is local: a typo is reported at once, not sent to the hub."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        head = path.split("/", 1)[0]
+        if path.startswith(("/", ".", "~")) or path.count("/") > 1 or (path.count("/") == 1 and Path(head).is_dir()):
+            siblings = sorted(x.name for x in p.parent.iterdir()) if p.parent.is_dir() else []
+            from mmgpg.typed import did_you_mean
+
+            raise FileNotFoundError(f"model directory {path!r} does not exist." + did_you_mean(p.name, siblings))
+        return False
+    if not p.is_dir():
+        raise ValueError(f"model {path!r} is a file; give the model's directory (with config.json and weights)")
+    try:
+        json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"model directory {path!r} has no config.json: it is not a Hugging Face model folder") from None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"model directory {path!r}: config.json is not valid JSON ({err})") from None
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise ValueError(f"model directory {path!r} holds no weights (*.safetensors or *.bin); was the download or "
+                         "save interrupted?")
+    return True

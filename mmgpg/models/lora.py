@@ -258,18 +258,6 @@ def _owner(key: str, modules: dict[str, Any]) -> str | None:
     return None
 
 
-def save_policy(policy, directory: str | Path, full_state_dict: dict[str, torch.Tensor] | None = None) -> None:
-    """``directory`` as a Hugging Face model folder (plain transformers and vLLM load it): the model with adapters
-    merged, and the processor. ``full_state_dict``: the gathered weights when the model's own are partitioned
-    (DeepSpeed ZeRO-3, which the config does not combine with LoRA)."""
-    directory = Path(directory)
-    if is_lora(policy):
-        policy.model.save_pretrained(directory, state_dict=merged_state_dict(policy.model))
-    else:
-        policy.model.save_pretrained(directory, state_dict=full_state_dict)  # None: the model's own
-    policy.processor.save_pretrained(directory)
-
-
 def save_adapter(policy, directory: str | Path) -> None:
     """The adapter (and fully trained modules) in PEFT's format: ``adapter_config.json`` + ``adapter_model.safetensors``
     (``PeftModel.from_pretrained(base, directory)`` loads it)."""

@@ -18,79 +18,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from mmgpg.models.logprobs import (  # noqa: F401  (pad_completions: re-exported with the batches)
-    chunked_token_logprobs,
-    completion_mask,
-    group_image_index,
-    pad_completions,
-)
+from mmgpg.models import QWEN_VL_FAMILIES
+from mmgpg.models.batch import CompletionBatch, PromptBatch
+from mmgpg.models.logprobs import chunked_token_logprobs, completion_mask, group_image_index
 
-SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
 VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
-TINY_PREFIX = "tiny"
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Batches
-# --------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PromptBatch:
-    """Left-padded chat prompts with their images, as the processor returns them."""
-
-    input_ids: torch.Tensor  # [P, Lp]
-    attention_mask: torch.Tensor  # [P, Lp]
-    mm_token_type_ids: torch.Tensor  # [P, Lp]; 1 at image tokens
-    pixel_values: torch.Tensor | None  # [sum_i t*h*w, C*T*p*p], flat over all images of all prompts
-    image_grid_thw: torch.Tensor | None  # [num_images, 3]
-    images_per_prompt: list[int]
-    texts: list[str]
-    images: list | None = None  # the loaded, resized images the processor saw (flat over prompts); encode_prompts only
-
-    @property
-    def num_prompts(self) -> int:
-        return self.input_ids.shape[0]
-
-    def prompt_images(self) -> list[list]:
-        """:attr:`images` per prompt (for an engine that takes images rather than pixel tensors, such as vLLM)."""
-        if self.images is None and sum(self.images_per_prompt):
-            raise ValueError("this PromptBatch does not carry its images (only encode_prompts' batches do)")
-        out, start = [], 0
-        for n in self.images_per_prompt:
-            out.append(list(self.images[start : start + n]) if n else [])
-            start += n
-        return out
-
-    def to(self, device: torch.device | str) -> PromptBatch:
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
-        return PromptBatch(**moved)
-
-
-@dataclass
-class CompletionBatch:
-    """Prompts with ``group_size`` completions each, prompt-major: row ``p * group_size + g``. A rollout engine's
-    sampled completions, or SFT's gold answers (``group_size = 1``); what :meth:`Policy.completion_logprobs` scores."""
-
-    prompts: PromptBatch
-    group_size: int
-    completion_ids: torch.Tensor  # [P*G, T], right-padded with the pad id after EOS
-    completion_mask: torch.Tensor  # [P*G, T] bool, True up to and including the first EOS
-    texts: list[str] = field(default_factory=list)  # decoded completions without special tokens
-    sampled_logprobs: torch.Tensor | None = None  # [P*G, T] the engine's log-probs of the sampled tokens, if it gives them
-
-    @property
-    def num_sequences(self) -> int:
-        return self.completion_ids.shape[0]
-
-    @property
-    def num_completion_tokens(self) -> int:
-        return int(self.completion_mask.sum())
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -98,15 +34,15 @@ class CompletionBatch:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-class Policy:
-    """A loaded Qwen2-VL / Qwen2.5-VL model with its processor. Build one with
-    :func:`mmgpg.models.load.load_policy`."""
+class QwenVLPolicy:
+    """A loaded Qwen2-VL / Qwen2.5-VL model with its processor (implements :class:`mmgpg.models.Policy`). Build one
+    with :func:`mmgpg.models.load.load_policy`."""
 
     def __init__(self, model, processor, *, min_pixels: int, max_pixels: int, max_prompt_length: int | None = None):
         model_type = getattr(model.config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        if model_type not in QWEN_VL_FAMILIES:
             raise ValueError(
-                f"mmgpg supports model types {', '.join(SUPPORTED_MODEL_TYPES)}; got {model_type!r}. "
+                f"mmgpg supports model types {', '.join(QWEN_VL_FAMILIES)}; got {model_type!r}. "
                 "Load a Qwen2-VL or Qwen2.5-VL checkpoint (e.g. Qwen/Qwen2-VL-2B-Instruct)."
             )
         if not 0 < min_pixels <= max_pixels:
@@ -135,13 +71,6 @@ class Policy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    def merged_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights a rollout engine with its own copy (vLLM) must load after each update: the model's state dict
-        with LoRA adapters merged under the base model's names (:func:`mmgpg.models.lora.merged_state_dict`)."""
-        from mmgpg.models.lora import merged_state_dict
-
-        return merged_state_dict(self.model)
 
     # ---- prompts --------------------------------------------------------------------------------------------------
 
@@ -292,6 +221,11 @@ class Policy:
         return CompletionBatch(prompts=prompts, group_size=group_size, completion_ids=completion_ids.cpu(),
                        completion_mask=mask.cpu(), texts=texts)
 
+    def gather_prompts(self, rows: Sequence[tuple[PromptBatch, int]]) -> PromptBatch:
+        """One left-padded batch of prompt ``p`` of each ``(batch, p)``: how the update reuses the prompts the rollout
+        already encoded (images preprocessed once per step) for micro-batches of groups from any attempts."""
+        return _gather_prompts(rows, self.pad_token_id)
+
     def check_no_vision_tokens(self, completion_ids: torch.Tensor, mask: torch.Tensor) -> None:
         """Refuse completions containing vision special tokens (e.g. from an engine without token suppression)."""
         bad = torch.isin(completion_ids, torch.as_tensor(self.vision_token_ids, device=completion_ids.device)) & mask
@@ -326,20 +260,16 @@ class Policy:
         chunk_size: int = 1024,
         temperature: float = 1.0,
         encode_images_once: bool = True,
-        rows: slice | None = None,
     ) -> torch.Tensor:
         """Per-token log-probs ``[N, T]`` of the completion tokens (0 where the mask is 0), with gradients.
 
         ``logp[i, t] = log softmax(z_{i, Lp + t - 1} / temperature)[y_{i, t}]`` over the vocabulary without the vision
         special tokens (which :meth:`generate` suppresses), i.e. exactly the sampling distribution: the hidden state of the position before
         each completion token, scored by the output embedding in chunks of ``chunk_size`` tokens
-        (:func:`chunked_token_logprobs`). Only masked-in positions are scored. ``rows`` selects a micro-batch of whole
-        prompt groups (a slice of prompts); the result then covers only those prompts' sequences.
+        (:func:`chunked_token_logprobs`). Only masked-in positions are scored.
         """
         batch, G = rollout.prompts, rollout.group_size
         comp_ids, comp_mask = rollout.completion_ids, rollout.completion_mask
-        if rows is not None:
-            batch, comp_ids, comp_mask = _select_prompts(batch, rows, G, comp_ids, comp_mask)
         device = self.device
         batch = batch.to(device)
         comp_ids, comp_mask = comp_ids.to(device), comp_mask.to(device)
@@ -380,9 +310,7 @@ def _call_through(module: torch.nn.Module, fn, *args):
         del module.forward
 
 
-def gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -> PromptBatch:
-    """One left-padded batch of prompt ``p`` of each ``(batch, p)``: how the update reuses the prompts the rollout
-    already encoded (images preprocessed once per step) for micro-batches of groups from any attempts."""
+def _gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -> PromptBatch:
     if not rows:
         raise ValueError("gather_prompts needs at least one (batch, prompt index)")
     ids, mm, pixels, grids, per_prompt, texts = [], [], [], [], [], []
@@ -413,31 +341,3 @@ def gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -
         images_per_prompt=per_prompt,
         texts=texts,
     )
-
-
-def _select_prompts(batch: PromptBatch, rows: slice, group_size: int, comp_ids, comp_mask):
-    """The sub-batch of prompts ``rows`` (and their completions), trimmed of left padding shared by all of them."""
-    p_index = list(range(batch.num_prompts))[rows]
-    if not p_index or p_index != list(range(p_index[0], p_index[-1] + 1)):
-        raise ValueError(f"rows must select a non-empty contiguous range of prompts; got {rows}")
-    p0, p1 = p_index[0], p_index[-1] + 1
-    img_start = sum(batch.images_per_prompt[:p0])
-    img_end = img_start + sum(batch.images_per_prompt[p0:p1])
-    pixel_values = grid = None
-    if batch.image_grid_thw is not None and img_end > img_start:
-        row_counts = batch.image_grid_thw.prod(-1)
-        r0, r1 = int(row_counts[:img_start].sum()), int(row_counts[:img_end].sum())
-        pixel_values, grid = batch.pixel_values[r0:r1], batch.image_grid_thw[img_start:img_end]
-    attn = batch.attention_mask[p0:p1]
-    keep_from = int((attn.sum(0) > 0).nonzero()[0]) if attn.any() else 0
-    sub = PromptBatch(
-        input_ids=batch.input_ids[p0:p1, keep_from:],
-        attention_mask=attn[:, keep_from:],
-        mm_token_type_ids=batch.mm_token_type_ids[p0:p1, keep_from:],
-        pixel_values=pixel_values,
-        image_grid_thw=grid,
-        images_per_prompt=batch.images_per_prompt[p0:p1],
-        texts=batch.texts[p0:p1],
-    )
-    s0, s1 = p0 * group_size, p1 * group_size
-    return sub, comp_ids[s0:s1], comp_mask[s0:s1]

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mmgpg.models import FAMILIES
+
 Family = Literal["qwen2_vl", "qwen2_5_vl"]
 Size = Literal["tiny", "shape_true", "shape_true_7b"]
-FAMILIES: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl")
 SIZES: tuple[str, ...] = ("tiny", "shape_true", "shape_true_7b")
 
 # Qwen2-VL's special tokens, in the order of their ids in the real tokenizer (151643 ... 151656).

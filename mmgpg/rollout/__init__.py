@@ -1,8 +1,12 @@
-"""Rollouts: the engine seam (:mod:`mmgpg.rollout.engine`; engines in their own files, e.g. :mod:`mmgpg.rollout.hf`),
-scored groups and the β_th collection loop (:mod:`mmgpg.rollout.collect`)."""
+"""Rollouts: the engine seam (:mod:`.engine`: :class:`~.engine.RolloutEngine`, the :data:`~.engine.ENGINES`
+registry, :class:`~.engine.Sampling`), the engines in their own files (:mod:`.hf`, :mod:`.vllm` with
+:mod:`.vllm_core` and :mod:`.vllm_server`), scored groups and the β_th collection loop (:mod:`.collect`) and the
+post-sync check (:mod:`.check`).
 
-from mmgpg.rollout.collect import Collected, Group, assemble_update, collect_groups, sample_groups, score_group
-from mmgpg.rollout.engine import ENGINES, RolloutEngine, Sampling, build_engine
+This ``__init__`` imports only the seam (no torch), so reading the engine names stays cheap. May import: the
+top-level modules, :mod:`mmgpg.models` and :mod:`mmgpg.task`.
+"""
 
-__all__ = ["ENGINES", "Collected", "Group", "RolloutEngine", "Sampling", "assemble_update", "build_engine",
-           "collect_groups", "sample_groups", "score_group"]
+from mmgpg.rollout.engine import ENGINES, CheckLimits, RolloutEngine, Sampling, build_engine
+
+__all__ = ["ENGINES", "CheckLimits", "RolloutEngine", "Sampling", "build_engine"]

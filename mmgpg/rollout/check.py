@@ -1,7 +1,7 @@
 """The post-sync check: the rollout engine's log-probs of its sampled tokens against the trainer's.
 
 An engine that keeps its own copy of the weights (vLLM) returns the log-probability of each token it sampled. The
-update computes :meth:`mmgpg.models.qwen_vl.Policy.completion_logprobs` of the same tokens with the weights the rollout was
+update computes :meth:`mmgpg.models.qwen_vl.QwenVLPolicy.completion_logprobs` of the same tokens with the weights the rollout was
 supposed to use (before the optimizer step), so comparing the two costs no extra forward pass. Stale or half-applied
 weights after a sync (a known silent failure of colocated training) show up as a jump of the difference.
 """

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mmgpg import algorithms, distributed
-from mmgpg.models.qwen_vl import CompletionBatch, PromptBatch
+from mmgpg.models.batch import CompletionBatch, PromptBatch
 from mmgpg.rollout.engine import RolloutEngine, Sampling
 from mmgpg.task import Example, task_rewards, task_success
 

@@ -1,26 +1,37 @@
 """The rollout-engine seam: what generates completions for training, evaluation and ``mmgpg sample``.
 
 An engine takes chat conversations (messages with image parts — what a vLLM server also takes), a group size and
-:class:`Sampling` settings, and returns a :class:`~mmgpg.models.qwen_vl.CompletionBatch`. It is chosen by ``rollout.engine``
-from :data:`ENGINES` (``name -> "module:Class"``); adding an engine is one file plus one entry there. An engine class
-is built as ``Engine(policy, config, autocast)`` and implements :class:`RolloutEngine`.
+:class:`Sampling` settings, and returns a :class:`~mmgpg.models.CompletionBatch`. It is chosen by ``rollout.engine``
+from :data:`ENGINES`; adding an engine is one file plus one registration (a built-in entry below, or
+``ENGINES.register(name, "module:Class")`` / an ``mmgpg.engines`` entry point from a plugin). An engine class is built
+as ``Engine(policy, config, autocast)`` with the resolved config and implements :class:`RolloutEngine`.
+
+Weights reach an engine only through :meth:`RolloutEngine.sync_weights`, as ``(name, tensor)`` pairs that the
+training backend produces (:meth:`mmgpg.backends.TrainingBackend.full_weights`: gathered under ZeRO-3, LoRA merged,
+in :attr:`RolloutEngine.weights_dtype`). How they travel (in process, a file, HTTP, a collective) is the engine's
+business; an engine never reads the policy's parameters itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+from mmgpg.registry import Registry
 
 if TYPE_CHECKING:
-    from mmgpg.models.qwen_vl import CompletionBatch, Policy
+    import torch
 
-# The one place engine names live: config validation and `build_engine` both read this.
-ENGINES: dict[str, str] = {"hf": "mmgpg.rollout.hf:HFEngine", "vllm": "mmgpg.rollout.vllm:VLLMEngine"}
+    from mmgpg.config import Config
+    from mmgpg.models import CompletionBatch, Policy
+
+# The engine names: config validation, `mmgpg eval --engine` and `build_engine` all read this registry.
+ENGINES = Registry("rollout engine", "mmgpg.engines",
+                   {"hf": "mmgpg.rollout.hf:HFEngine", "vllm": "mmgpg.rollout.vllm:VLLMEngine"})
 
 
 @dataclass(frozen=True)
@@ -56,26 +67,63 @@ def request_seed(*key: int) -> int:
     return int.from_bytes(digest, "big") >> 2
 
 
+@dataclass(frozen=True)
+class CheckLimits:
+    """The post-sync check's limits (:mod:`mmgpg.rollout.check`): the largest allowed mean and max |difference|
+    between the engine's sampled log-probs and the trainer's (``None``: that one is not checked)."""
+
+    mean: float | None
+    max: float | None
+
+
 class RolloutEngine(Protocol):
+    owns_weights: bool
+    """True: the engine generates from its own copy of the weights, so the trainer calls :meth:`sync_weights` after
+    every optimizer step (and once at the start). False: it samples with the trained module itself."""
+
+    weights_dtype: torch.dtype | None
+    """The dtype :meth:`sync_weights` wants its tensors in (None: an engine without its own copy)."""
+
+    check_limits: CheckLimits | None
+    """Limits of the post-sync check, or None when this engine returns no sampled log-probs to check."""
+
     def generate(self, conversations: Sequence[list[dict]], group_size: int, sampling: Sampling) -> CompletionBatch:
         """``group_size`` completions per conversation, prompt-major. ``prompts`` of the result is the policy's
         encoding of the conversations when the engine made it (the update reuses it)."""
         ...
 
-    def sync_weights(self) -> None:
-        """Make the engine generate with the policy's current weights (after each optimizer step). An engine with its
-        own copy of the weights loads ``policy.merged_state_dict()``: with LoRA, the adapters merged into the base
-        weights under the base model's names (vLLM's own LoRA does not cover the vision tower)."""
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load the policy's current weights: ``(Hugging Face name, tensor)`` pairs in :attr:`weights_dtype` (LoRA
+        adapters already merged under the base names). Every rank calls it with its backend's
+        :meth:`~mmgpg.backends.TrainingBackend.full_weights`; the iterable may be consumed only once."""
+        ...
+
+    def sleep(self) -> None:
+        """Free the engine's accelerator memory during the update (``rollout.vllm_sleep``); a no-op otherwise.
+        The next :meth:`generate` or :meth:`sync_weights` wakes it."""
         ...
 
     def close(self) -> None: ...
 
 
-def build_engine(name: str, policy: Policy, config: Any = None,
-                 autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> RolloutEngine:
-    """The engine registered as ``name`` for ``policy`` (``config``: the resolved :class:`mmgpg.config.Config`, for
-    engines with settings of their own; ``autocast``: a context factory for mixed precision)."""
+Weights = Callable[["torch.dtype | None"], Iterable[tuple[str, "torch.Tensor"]]]
+
+
+def build_engine(name: str, policy: Policy, config: Config,
+                 autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+                 weights: Weights | None = None) -> RolloutEngine:
+    """The engine registered as ``name`` for ``policy`` (``config``: the resolved :class:`mmgpg.config.Config`;
+    ``autocast``: a context factory for mixed precision), started with the policy's current weights when it keeps
+    its own copy. ``weights(dtype)`` gives them: the training backend's ``full_weights`` in training (collective under
+    ZeRO-3: every rank builds its engine), the unpartitioned policy's own tensors by default (evaluation, probes)."""
     if name not in ENGINES:
         raise ValueError(f"unknown rollout engine {name!r}; available: {', '.join(sorted(ENGINES))}")
-    module, _, cls = ENGINES[name].partition(":")
-    return getattr(importlib.import_module(module), cls)(policy, config, autocast)
+    engine = ENGINES[name](policy, config, autocast)
+    if engine.owns_weights:
+        if weights is None:
+            from mmgpg.models.save import policy_weights
+
+            def weights(dtype):
+                return policy_weights(policy.model, dtype)
+        engine.sync_weights(weights(engine.weights_dtype))  # e.g. a server started from other weights
+    return engine

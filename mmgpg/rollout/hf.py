@@ -7,14 +7,17 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from mmgpg.models.qwen_vl import CompletionBatch, Policy
+from mmgpg.models import CompletionBatch, Policy
 from mmgpg.rollout.engine import Sampling
 
 
 class HFEngine:
     name = "hf"
+    owns_weights = False  # it samples with the trained module itself (LoRA adapters included)
+    weights_dtype = None
+    check_limits = None  # its sampled log-probs are the trainer's own: nothing to check
 
-    def __init__(self, policy: Policy, config: Any = None,
+    def __init__(self, policy: Policy, config: Any,
                  autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext):
         self.policy, self.autocast = policy, autocast
 
@@ -24,8 +27,11 @@ class HFEngine:
             return self.policy.generate(batch, group_size, max_new_tokens=sampling.max_new_tokens,
                                         temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
 
-    def sync_weights(self) -> None:
-        """Nothing to do: generation uses the trained module itself (LoRA adapters included)."""
+    def sync_weights(self, weights) -> None:
+        """Nothing to do: generation uses the trained module itself (the trainer does not call it)."""
+
+    def sleep(self) -> None:
+        """Nothing to free."""
 
     def close(self) -> None:
         """Nothing to release."""

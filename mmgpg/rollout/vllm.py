@@ -10,7 +10,7 @@ Two modes, the same rollout:
   reloads (:mod:`mmgpg.rollout.vllm_server`).
 
 What makes it the same rollout as the Hugging Face engine: mmgpg renders the prompt text (chat template or raw
-prompt) and loads/resizes the images exactly as :meth:`mmgpg.models.qwen_vl.Policy.encode_prompts` does (vLLM's processor
+prompt) and loads/resizes the images exactly as :meth:`mmgpg.models.qwen_vl.QwenVLPolicy.encode_prompts` does (vLLM's processor
 then sees images already within ``min_pixels``/``max_pixels``), and the prompt token ids vLLM reports are compared
 with mmgpg's encoding (an error if they differ); the prompt-length guard is the policy's. Every sampling knob is
 explicit, vision special tokens are excluded from sampling (``allowed_token_ids``), the completion mask ends at the
@@ -24,35 +24,22 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from mmgpg.models.qwen_vl import CompletionBatch, Policy, completion_mask, pad_completions
-from mmgpg.rollout.engine import Sampling, request_seed
+from mmgpg.models import Policy
+from mmgpg.models.batch import CompletionBatch
+from mmgpg.models.logprobs import completion_mask, pad_completions
+from mmgpg.rollout.engine import CheckLimits, Sampling, request_seed
 from mmgpg.rollout.vllm_core import CoreSettings, Request
 
-
-def state_dict_for_vllm(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's tensors by Hugging Face name, each storage once (tied weights would otherwise be written twice);
-    LoRA adapters merged into their base weights (:func:`mmgpg.models.lora.merged_state_dict`: vLLM's own LoRA does not
-    cover the vision tower, and merged weights keep one code path)."""
-    from mmgpg.models.lora import merged_state_dict
-
-    seen: set[int] = set()
-    out = {}
-    for name, tensor in merged_state_dict(model).items():
-        ptr = tensor.data_ptr()
-        if ptr in seen:
-            continue
-        seen.add(ptr)
-        out[name] = tensor.detach()
-    return out
+if TYPE_CHECKING:
+    from mmgpg.config import Config
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -60,29 +47,30 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 class VLLMEngine:
+    """Weights arrive through :meth:`sync_weights` as the training backend's ``full_weights`` (LoRA merged: vLLM's
+    own LoRA does not cover the vision tower, and merged weights keep one code path)."""
+
     name = "vllm"
+    owns_weights = True
 
-    def __init__(self, policy: Policy, config: Any = None,
+    def __init__(self, policy: Policy, config: Config,
                  autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext):
-        from mmgpg.config import Config
-
-        cfg = config if config is not None else Config()
+        cfg = config
         r, m = cfg.rollout, cfg.model
         self.policy, self.rollout_cfg = policy, r
         mixed = not isinstance(autocast(), contextlib.nullcontext)
         self.dtype = r.vllm_dtype if r.vllm_dtype != "auto" else ("bfloat16" if mixed
                                                                  else _dtype_name(policy.model.dtype))
         self._check_settings(r, policy)
+        self.weights_dtype = getattr(torch, self.dtype)
         exact = self.dtype == "float32" and _dtype_name(policy.model.dtype) == "float32" and not mixed
-        self.check_mean = r.logprob_check_mean if r.logprob_check_mean is not None else (1e-3 if exact else 5e-2)
-        self.check_max = r.logprob_check_max
-        self.check = bool(r.logprob_check)
+        mean = r.logprob_check_mean if r.logprob_check_mean is not None else (1e-3 if exact else 5e-2)
+        self.check_limits = CheckLimits(mean, r.logprob_check_max) if r.logprob_check else None
         prompt_len = policy.max_prompt_length or m.max_prompt_length
         self.max_model_len = r.vllm_max_model_len or prompt_len + r.max_new_tokens
         vocab = policy.model.get_output_embeddings().weight.shape[0]
         vision = set(policy.vision_token_ids)
         self.allowed = [i for i in range(vocab) if i not in vision]
-        self.last_sync_s = 0.0
         self._tmp: Path | None = None
         if r.vllm_server:
             from mmgpg.rollout.vllm_server import ServerClient
@@ -90,7 +78,7 @@ class VLLMEngine:
             self.core = ServerClient(r.vllm_server, timeout=r.vllm_server_timeout, sync_dir=r.vllm_sync_dir)
             self.core.check_compatible(vocab_size=vocab, max_model_len=self.max_model_len,
                                        min_pixels=policy.min_pixels, max_pixels=policy.max_pixels)
-            self.sync_weights()  # the server may have started from other weights (a base model, an older step)
+            # the server may have started from other weights: build_engine syncs the policy's before the first use
         else:
             from mmgpg.rollout.vllm_core import INSTALL_HINT, VLLMCore, import_vllm
             from mmgpg.typed import ConfigError, Problem
@@ -103,7 +91,7 @@ class VLLMEngine:
             self._tmp = Path(tempfile.mkdtemp(prefix="mmgpg_vllm_"))
             # vLLM reads the processor from this folder during the run; it goes with the engine or at exit
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
-            from mmgpg.models.lora import save_policy
+            from mmgpg.models.save import save_policy
 
             save_policy(policy, self._tmp)  # vLLM starts from exactly the policy's (merged) weights and processor
             self.core = VLLMCore(CoreSettings(
@@ -123,9 +111,6 @@ class VLLMEngine:
                 "vLLM renormalises the log-probs it returns over the top-p/top-k set, and the trainer scores the full "
                 "distribution, so the post-sync check would always fire.",
                 "use rollout.top_p=1.0 rollout.top_k=0 (exactly on-policy), or set rollout.logprob_check=false."))
-        if r.vllm_dtype not in ("auto", "float32", "bfloat16", "float16"):
-            problems.append(Problem("rollout.vllm_dtype", r.vllm_dtype, "Not a dtype vLLM runs in.",
-                                    "use auto, float32, bfloat16 or float16."))
         if problems:
             raise ConfigError(problems)
 
@@ -172,11 +157,10 @@ class VLLMEngine:
 
     # ---- weights --------------------------------------------------------------------------------------------------
 
-    def sync_weights(self) -> None:
-        """Load the policy's current weights into vLLM (and reset its caches); the time is kept in ``last_sync_s``."""
-        t0 = time.perf_counter()
-        self.core.reload(weights=state_dict_for_vllm(self.policy.model).items())
-        self.last_sync_s = time.perf_counter() - t0
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load ``weights`` into vLLM (and reset its caches): in process when colocated, through the sync folder and
+        HTTP in server mode."""
+        self.core.reload(weights=weights)
 
     def sleep(self) -> None:
         """Free vLLM's GPU memory during the update (rollout.vllm_sleep; no-op on CPU and in server mode)."""

@@ -5,7 +5,7 @@ Hugging Face engine's. Runs where ``vllm`` is installed: inside the trainer (col
 Facts this module relies on (vLLM 0.32, measured on CPU; docs/install.md, "vLLM"):
 
 - ``logprobs_mode="processed_logprobs"``: the returned log-prob of a sampled token is taken after temperature and
-  the ``allowed_token_ids`` mask, i.e. from the distribution :meth:`mmgpg.models.qwen_vl.Policy.completion_logprobs` scores
+  the ``allowed_token_ids`` mask, i.e. from the distribution :meth:`mmgpg.models.qwen_vl.QwenVLPolicy.completion_logprobs` scores
   (the default ``raw_logprobs`` ignores both: 0.39 nats off at T=0.7).
 - ``generation_config="vllm"``: a checkpoint's ``generation_config.json`` cannot change sampling defaults.
 - CPU: ``enforce_eager=True`` and ``enable_chunked_prefill=False`` (seeded sampling with chunked prefill crashes:

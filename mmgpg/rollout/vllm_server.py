@@ -69,7 +69,6 @@ class ServerClient:
         self.sync_dir.mkdir(parents=True, exist_ok=True)
         # a folder of our own goes with the client or at exit (it holds a full copy of the weights, in memory)
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.sync_dir), True) if self._own_sync_dir else None
-        self.last_write_s = self.last_reload_s = 0.0
 
     def _wait_healthy(self) -> dict:
         deadline, last = time.monotonic() + self.timeout, None
@@ -135,14 +134,10 @@ class ServerClient:
         then a rename: the server never reads half a file) and ask the server to load it."""
         from safetensors.torch import save_file
 
-        t0 = time.perf_counter()
         tmp = self.sync_dir / "model.safetensors.tmp"
         save_file({k: v.contiguous() for k, v in weights}, str(tmp))
         os.replace(tmp, self.sync_dir / "model.safetensors")
-        self.last_write_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
         self._post("/reload", {"path": str(self.sync_dir)})
-        self.last_reload_s = time.perf_counter() - t0
 
     def sleep(self) -> None:
         """Nothing: the server's memory is its own."""
@@ -250,24 +245,3 @@ def serve(args) -> int:
         httpd.server_close()
     print("mmgpg vllm-serve: stopped", flush=True)
     return 0
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("vllm-serve", help="serve rollouts with vLLM for rollout.engine=vllm rollout.vllm_server=URL",
-                       description="Load a model into vLLM and answer generation and weight-reload requests over "
-                       "HTTP on this machine (run it in the environment that has vLLM; docs/install.md). The trainer "
-                       "connects with rollout.engine=vllm rollout.vllm_server=http://HOST:PORT.")
-    p.add_argument("--model", required=True, help="model directory or hub id (the policy's starting model), or tiny")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8765, help="port (0: any free port; the ready line prints it)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--max-model-len", type=int, default=2048, help="longest prompt + completion in tokens")
-    p.add_argument("--min-pixels", type=int, default=3136, help="as model.min_pixels of the run")
-    p.add_argument("--max-pixels", type=int, default=401408, help="as model.max_pixels of the run")
-    p.add_argument("--max-images", type=int, default=4, help="most images per prompt")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    p.add_argument("--tensor-parallel-size", type=int, default=1)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--cpu-kv-cache-gb", type=int, default=1, help="CPU only: GiB of KV cache")
-    p.set_defaults(func=serve)

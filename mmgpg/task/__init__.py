@@ -196,46 +196,45 @@ def find_task_class(name: str) -> type:
                                "reinstall the package that provides it.") from err
     if not isinstance(cls, type):
         raise TaskNotFound(f"{name!r} is a {type(cls).__name__}, not a class.", "point at a Task subclass.")
-    if issubclass(cls, Task):
-        missing = [m for m in ("load", "prompt") if getattr(cls, m) is getattr(Task, m)]
-        if not cls.name:
-            missing.insert(0, "name")
-    else:
-        missing = [a for a in ("name", "load", "prompt") if not hasattr(cls, a)]
+    if not issubclass(cls, Task):
+        raise TaskNotFound(f"{name!r} ({cls.__qualname__}) does not subclass mmgpg.task.Task.",
+                           f"write `class {cls.__name__}(Task)` with `from mmgpg.task import Task` (the one task "
+                           "contract: its hooks get their defaults from there; see docs/tasks.md).")
+    missing = [m for m in ("load", "prompt") if getattr(cls, m) is getattr(Task, m)]
+    if not cls.name:
+        missing.insert(0, "name")
     if missing:
         raise TaskNotFound(f"{name!r} is not a task: it lacks {', '.join(missing)}.",
-                           "subclass mmgpg.task.Task and define them (see its docstring).")
-    return cls if issubclass(cls, Task) else _with_task_defaults(cls)
+                           "define them (see the docstring of mmgpg.task.Task).")
+    return cls
 
 
-def _with_task_defaults(cls: type) -> type:
-    """A class that does not subclass :class:`Task`, with Task's defaults behind its own members (its dataclass
-    fields, docs and methods are unchanged)."""
-    return type(cls.__name__, (cls, Task), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                                            "__doc__": cls.__doc__})
-
-
-def options_problems(cls: type, options: Mapping[str, Any]):
-    """Config problems of ``options`` for task class ``cls`` (its dataclass fields are the allowed options)."""
+def _instantiate(cls: type, options: Mapping[str, Any]) -> tuple[Task | None, list[Problem]]:
+    """``cls(**options)`` with every problem collected (unknown or mistyped options, the task's own value checks)."""
     if not dataclasses.is_dataclass(cls):
-        return [Problem(f"task.{k}", v, f"Task {cls.__name__} takes no options.", f"remove task.{k}.") for k, v in options.items()]
+        problems = [Problem(f"task.{k}", v, f"Task {cls.__name__} takes no options.", f"remove task.{k}.")
+                    for k, v in options.items()]
+        return (None if problems else cls()), problems
     problems: list[Problem] = []
     try:
-        from_dict(cls, dict(options), problems, prefix="task.")
+        task = from_dict(cls, dict(options), problems, prefix="task.")
     except (ValueError, TypeError) as err:  # the task's own checks of its option values
         problems.append(Problem("task", dict(options), f"Task {cls.__name__} rejected its options: {err}.",
                                 "change the task options named there."))
-    return problems
+        task = None
+    return (None if problems else task), problems
+
+
+def options_problems(cls: type, options: Mapping[str, Any]) -> list[Problem]:
+    """Config problems of ``options`` for task class ``cls`` (its dataclass fields are the allowed options)."""
+    return _instantiate(cls, options)[1]
 
 
 def build_task(name: str, options: Mapping[str, Any] | None = None) -> Task:
-    """Instantiate a task with validated options (raises :class:`mmgpg.typed.ConfigError`)."""
-    cls = find_task_class(name)
-    options = dict(options or {})
-    problems = options_problems(cls, options)
+    """Instantiate a task with validated options, once (raises :class:`mmgpg.typed.ConfigError`)."""
+    task, problems = _instantiate(find_task_class(name), dict(options or {}))
     if problems:
         raise ConfigError(problems)
-    task = from_dict(cls, options, []) if dataclasses.is_dataclass(cls) else cls()
     rewards = getattr(task, "rewards", None)
     if not isinstance(rewards, Mapping) or not rewards or not all(callable(f) for f in rewards.values()):
         raise TaskNotFound(f"Task {name!r} has no rewards: it needs a non-empty mapping name -> fn(completion, example).",

@@ -33,6 +33,9 @@ class JudgedTask(Task):
     format_prefix: ClassVar[str] = ""
     categories: ClassVar[tuple[str, ...]] = ()
     """The values a record's ``category`` may take (empty: the task has no categories, any text is kept)."""
+    accuracy_is_judge: ClassVar[tuple[str, ...]] = ()
+    """Protocols under which the ``accuracy`` reward is by construction ``judge(...).correct``: :meth:`success` then
+    reads the reward already computed instead of judging the completion a second time."""
 
     def __post_init__(self):
         if self.reward_protocol not in self.protocols:
@@ -100,6 +103,8 @@ class JudgedTask(Task):
     def success(self, completion: str, example: Example, rewards: Mapping[str, float]) -> bool:
         """Success = the task's judge, under the training rewards' protocol, calls the answer correct
         (``correct >= 1``). Box tasks override this with an IoU threshold."""
+        if self.reward_protocol in self.accuracy_is_judge and "accuracy" in rewards:
+            return float(rewards["accuracy"]) >= 1.0
         return float(self.judge(completion, example, self.reward_protocol).correct) >= 1.0
 
 

@@ -74,18 +74,12 @@ class Judgement:
         return {**out, **self.fields}
 
     @classmethod
-    def coerce(cls, decision: Judgement | Mapping[str, Any], who: str) -> Judgement:
-        """A task's judge result as a :class:`Judgement`; a mapping with ``correct`` (a plugin written against the
-        dict API) is converted, anything else is an error naming ``who``."""
+    def check(cls, decision: Any, who: str) -> Judgement:
+        """``decision`` itself when it is a :class:`Judgement`; anything else is an error naming ``who``."""
         if isinstance(decision, Judgement):
             return decision
-        if isinstance(decision, Mapping) and "correct" in decision:
-            extras = {k: v for k, v in decision.items() if k not in ("correct", "extracted", "parse_failure", "box")}
-            box = decision.get("box")
-            return cls(float(decision["correct"]), str(decision.get("extracted", "")),
-                       bool(decision.get("parse_failure", 0.0)), None if box is None else tuple(box), extras)
-        raise TypeError(f"{who} must return a mmgpg.task.judges.Judgement (or a mapping with 'correct'); "
-                        f"got {type(decision).__name__}")
+        raise TypeError(f"{who} must return a mmgpg.task.judges.Judgement (e.g. Judgement(correct=1.0, "
+                        f"extracted='B', parse_failure=False)); got {type(decision).__name__}")
 
 
 def _result(correct: bool | float, extracted: str, failed: bool, box: Sequence[float] | None = None) -> Judgement:

@@ -234,18 +234,20 @@ def worker() -> MathWorker:
 
 def parse_verify(pred: str, gold: str) -> tuple[bool, str]:
     """``(verify(parse(pred), parse(gold)) and parse(pred) != [], str(parse(pred)[0]))`` with math-verify defaults."""
-    return worker().run("parse_verify", [(_text(pred), _text(gold))])[0]
+    return worker().run("parse_verify", [(as_text(pred), as_text(gold))])[0]
 
 
 def choice(response: str, choices: list[str], letter: str) -> tuple[bool, str]:
     """The CV-Bench anchor judge (see the module docstring)."""
-    return worker().run("choice", [(_text(response), [_text(c) for c in choices], _text(letter))])[0]
+    return worker().run("choice", [(as_text(response), [as_text(c) for c in choices], as_text(letter))])[0]
 
 
 def latex_equal(pred: str, gold: str) -> tuple[bool, str]:
     """Both sides parsed as LaTeX (``$…$``) and compared by math-verify; an empty side is never equal."""
-    return worker().run("latex_equal", [(_text(pred), _text(gold))])[0]
+    return worker().run("latex_equal", [(as_text(pred), as_text(gold))])[0]
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A model output as text: a str as it is, None as "", anything else through str(). (Defined here, not in
+    :mod:`mmgpg.task.rewards`, because this module runs standalone in the worker and imports nothing from mmgpg.)"""
     return value if isinstance(value, str) else "" if value is None else str(value)

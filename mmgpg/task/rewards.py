@@ -20,6 +20,8 @@ import math
 import re
 from collections.abc import Sequence
 
+from mmgpg.task.mathjudge import as_text
+
 # ---- the output format (§1.2) ------------------------------------------------------------------------------------
 
 FORMAT_PATTERN = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOTALL)
@@ -27,10 +29,6 @@ FORMAT_PATTERN = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.DOT
 
 _THINK_TO_ANSWER = re.compile(r"</think>\s*<answer>")
 _WS = " \t\n\r\f\v"
-
-
-def _text(value) -> str:
-    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 def format_reward(completion: str, *, prefix: str = "") -> float:
@@ -42,7 +40,7 @@ def format_reward(completion: str, *, prefix: str = "") -> float:
     the text starts with ``<think>``, ends with ``</answer>``, and the first ``</think>\\s*<answer>`` after the
     opening tag ends before the closing tag begins.
     """
-    text = prefix + _text(completion)
+    text = prefix + as_text(completion)
     if not (text.startswith("<think>") and text.endswith("</answer>")):
         return 0.0
     match = _THINK_TO_ANSWER.search(text, 7)
@@ -52,7 +50,7 @@ def format_reward(completion: str, *, prefix: str = "") -> float:
 def strict_format_reward(completion: str, *, prefix: str = "") -> float:
     """``strict``: one ``<think>…</think>`` then one non-empty ``<answer>…</answer>``, nothing else around them but
     whitespace, and no tag repeated (``<answer>a</answer><answer>b</answer>`` and ``<answer> </answer>`` score 0)."""
-    text = (prefix + _text(completion)).strip(_WS)
+    text = (prefix + as_text(completion)).strip(_WS)
     for tag in ("<think>", "</think>", "<answer>", "</answer>"):
         if text.count(tag) != 1:
             return 0.0
@@ -76,7 +74,7 @@ def answer_tag(text: str, *, dotall: bool = True, trim: bool = False) -> str | N
     characters of ``str.isspace``: U+00A0, U+3000, U+2028, ``\\x1c``… but not U+200B), as in the anchors' regex.
     Linear time (``re`` would rescan the rest of the text once per ``<answer>`` when no close tag follows).
     """
-    text = _text(text)
+    text = as_text(text)
     start = text.find("<answer>")
     while start >= 0:
         inner = start + 8
@@ -98,7 +96,7 @@ def answer_tag(text: str, *, dotall: bool = True, trim: bool = False) -> str | N
 def answer_or_whole(text: str, *, dotall: bool = True) -> str:
     """``paper`` fallback: the stripped ``<answer>`` group, else the whole text stripped."""
     found = answer_tag(text, dotall=dotall)
-    return (found if found is not None else _text(text)).strip()
+    return (found if found is not None else as_text(text)).strip()
 
 
 def extract_answer(completion: str) -> str | None:
@@ -149,15 +147,15 @@ def sat_string_reward(completion: str, gold_answer: str) -> float:
 
 def option_letter(answer: str) -> str:
     """``"(B)"`` → ``"B"``; anything else unchanged (CV-Bench stores answers as ``"(A)"``…``"(F)"``)."""
-    answer = _text(answer).strip()
+    answer = as_text(answer).strip()
     return answer[1] if len(answer) == 3 and answer[0] == "(" and answer[2] == ")" else answer
 
 
 _CHOICE_LEAD = re.compile(r"^\(?([A-Fa-f])\)?(?:[.:)]|\s|$)")
 
 
-def _norm_text(text: str) -> str:
-    return " ".join(re.sub(r"[^0-9a-z]+", " ", _text(text).lower()).split())
+def _normas_text(text: str) -> str:
+    return " ".join(re.sub(r"[^0-9a-z]+", " ", as_text(text).lower()).split())
 
 
 def strict_choice(answer: str | None, choices: Sequence[str], letter: str) -> tuple[bool, str]:
@@ -171,12 +169,12 @@ def strict_choice(answer: str | None, choices: Sequence[str], letter: str) -> tu
     lead = _CHOICE_LEAD.match(answer)
     if lead and lead.group(1).upper() in LETTERS[: len(choices)]:
         named.add(lead.group(1).upper())
-        rest = _norm_text(answer[lead.end() :])
-        if rest and rest != _norm_text(choices[LETTERS.index(lead.group(1).upper())]):
+        rest = _normas_text(answer[lead.end() :])
+        if rest and rest != _normas_text(choices[LETTERS.index(lead.group(1).upper())]):
             return False, ""  # "B. left" when B is "right": contradictory
-    norm = _norm_text(answer)
+    norm = _normas_text(answer)
     for i, option in enumerate(choices):
-        if norm and norm == _norm_text(option):
+        if norm and norm == _normas_text(option):
             named.add(LETTERS[i])
     if len(named) != 1:
         return False, ""
@@ -189,7 +187,7 @@ def strict_choice(answer: str | None, choices: Sequence[str], letter: str) -> tu
 
 def paper_label_norm(text: str) -> str:
     """The anchors' label normalisation: remove spaces and underscores, lower-case."""
-    return _text(text).replace(" ", "").replace("_", "").lower()
+    return as_text(text).replace(" ", "").replace("_", "").lower()
 
 
 def paper_label_match(answer: str, label: str) -> float:
@@ -202,7 +200,7 @@ def paper_label_match(answer: str, label: str) -> float:
 def label_key(text: str) -> str:
     """``strict`` label key: lower case, every run of non-alphanumerics is one space (``"Pink_Primrose"`` →
     ``"pink primrose"``)."""
-    return _norm_text(text)
+    return _normas_text(text)
 
 
 def strict_label_match(answer: str | None, label: str) -> float:
@@ -230,7 +228,7 @@ def paper_boxes(text: str) -> list[tuple[int, int, int, int]]:
     every box and scores 0 when a conversion raises — only numbers of more than 4,300 digits, or ≥ 1.8e311 once
     divided by 1000, do; not reproduced here. The evaluation judge uses :func:`paper_first_box`, which is exact.)"""
     out = []
-    for groups in _PAPER_BOX.findall(_text(text)):
+    for groups in _PAPER_BOX.findall(as_text(text)):
         if all(len(g) <= _MAX_DIGITS for g in groups):
             out.append(tuple(int(g) for g in groups))
     return out
@@ -242,7 +240,7 @@ def paper_first_box(text: str) -> tuple[int, int, int, int] | None:
     ``１２`` and U+00A0 yes), converted with ``int``. ``None`` when there is no match, or when ``int`` refuses one of
     its numbers (more digits than ``sys.get_int_max_str_digits()``, 4300 by default) — the anchors' exception, IoU 0.
     Zero-padded and long numbers are kept as they are (``0000000123`` is 123); a later box is never used instead."""
-    match = _PAPER_BOX.search(_text(text))
+    match = _PAPER_BOX.search(as_text(text))
     if match is None:
         return None
     try:
@@ -253,7 +251,7 @@ def paper_first_box(text: str) -> tuple[int, int, int, int] | None:
 
 def strict_boxes(text: str) -> list[Box]:
     """Every box written as ``(x1,y1),(x2,y2)`` or ``[x1,y1,x2,y2]`` (integers or decimals), in order of position."""
-    text = _text(text)
+    text = as_text(text)
     found = [(m.start(), m.groups()) for m in _PAIR_BOX.finditer(text)] + [(m.start(), m.groups()) for m in _LIST_BOX.finditer(text)]
     return [tuple(float(g) for g in groups) for _, groups in sorted(found)]
 
@@ -304,7 +302,7 @@ def paper_box_reward(completion: str, solution_answer: str) -> float:
     all bottom-right corners" and they use its first two points, i.e. the box from the first box's top-left to the
     second box's top-left — reproduced here."""
     student = answer_or_whole(completion, dotall=True)
-    gold = _text(solution_answer).strip()
+    gold = as_text(solution_answer).strip()
     if student == gold:
         return 2.0
     pred, ref = paper_boxes(student), paper_boxes(gold)
@@ -338,7 +336,7 @@ def rescale_box(box: Sequence[float], src: Sequence[float], dst: Sequence[float]
     return (box[0] * dst[0] / src[0], box[1] * dst[1] / src[1], box[2] * dst[0] / src[0], box[3] * dst[1] / src[1])
 
 
-def box_text(box: Sequence[float]) -> str:
+def boxas_text(box: Sequence[float]) -> str:
     """A box as the anchors' answer string ``(x1,y1),(x2,y2)`` (integer coordinates)."""
     x1, y1, x2, y2 = (int(v) for v in box)
     return f"({x1},{y1}),({x2},{y2})"

@@ -16,7 +16,6 @@ field (the task's ``success`` hook) or, for a task without one, ``rewards >= --s
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,91 +46,43 @@ class Visit:
         return 0 < self.successes < self.group_size
 
 
-def load_run_config(path: str | Path):
-    """A run's ``config.yaml`` → ``(Config, ignored keys)``. Keys that this mmgpg version no longer has (a run made
-    by an older version) are ignored and named; every other problem is a :class:`mmgpg.config.ConfigError`."""
-    import yaml
-
-    from mmgpg.config import Config, ConfigError, check, from_dict
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: give a run directory written by mmgpg train")
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML ({err})") from None
-    problems: list = []
-    cfg = from_dict(Config, tree, problems)
-    ignored = [p.key for p in problems if "has no field" in p.why]
-    problems = [p for p in problems if "has no field" not in p.why] + check(cfg)
-    if problems:
-        raise ConfigError(problems)
-    return cfg, ignored
-
-
-def _read_jsonl(path: Path) -> list[tuple[int, dict]]:
-    rows = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append((n, json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{n}: not valid JSON ({err.msg}); fix or delete the line") from None
-    return rows
-
-
-def _field(path: Path, n: int, rec: dict, key: str, kind):
-    if key not in rec:
-        raise ValueError(f"{path}:{n}: the record has no {key!r} field; was it written by this mmgpg version?")
-    value = rec[key]
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise ValueError(f"{path}:{n}: {key!r} must be {getattr(kind, '__name__', kind)}; got {value!r}")
-    return value
-
-
 def read_visits(path: str | Path, success_threshold: float | None = None) -> list[Visit]:
-    """``prompt_success.jsonl`` → visits. Successes are ``rewards >= success_threshold`` when a threshold is given,
-    else the ``success`` list (the task's hook); a record with neither is refused with the fix. Records of older runs that only carry
-    ``successes`` are read as they are."""
+    """``prompt_success.jsonl`` (:class:`mmgpg.rundir.SuccessRecord`) → visits. Successes are
+    ``rewards >= success_threshold`` when a threshold is given, else the task's ``success`` list; a record with
+    neither is refused with the fix."""
+    from mmgpg.rundir import SuccessRecord, read_records
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: diagnose needs the prompt_success.jsonl of an mmgpg train run")
     visits = []
-    for n, rec in _read_jsonl(path):
-        G = _field(path, n, rec, "group_size", int)
-        success = rec.get("success")
-        if success_threshold is not None and isinstance(rec.get("rewards"), list):
-            k = int(sum(float(r) >= success_threshold for r in rec["rewards"]))
-        elif success is not None:
-            if not isinstance(success, list) or len(success) != G:
-                raise ValueError(f"{path}:{n}: 'success' must be a list of {G} 0/1 values; got {success!r}")
-            k = int(sum(bool(s) for s in success))
-        elif "success" not in rec and isinstance(rec.get("successes"), int):
-            k = rec["successes"]  # an older run: successes were "reward component >= 1"
+    for rec in read_records(path, SuccessRecord):
+        if success_threshold is not None and rec.rewards is not None:
+            k = int(sum(float(r) >= success_threshold for r in rec.rewards))
+        elif rec.success is not None:
+            k = sum(rec.success)
         else:
-            raise ValueError(f"{path}:{n}: the task declares no binary success (success is null); pass "
-                             "--success-threshold T to count rewards >= T as successes")
-        visits.append(Visit(_field(path, n, rec, "step", int), str(_field(path, n, rec, "prompt_id", (str, int))),
-                            int(rec.get("attempt", 0)), G, k, rec.get("in_update"), rec.get("zero_variance")))
+            raise ValueError(f"{path}: step {rec.step}, prompt {rec.prompt_id}: the task declares no binary success "
+                             "(success is null); pass --success-threshold T to count rewards >= T as successes")
+        visits.append(Visit(rec.step, rec.prompt_id, rec.attempt, rec.group_size, k, rec.in_update, rec.zero_variance))
     if not visits:
         raise ValueError(f"{path} holds no records: the run has not finished a step yet")
     return visits
 
 
 def read_probes(path: str | Path, split: str | None = None) -> dict[int, dict[str, tuple[int, int]]]:
-    """``probe_success.jsonl`` → ``{step: {prompt_id: (successes, samples)}}`` for ``split`` (absent file → empty)."""
+    """``probe_success.jsonl`` (:class:`mmgpg.rundir.ProbeRecord`) → ``{step: {prompt_id: (successes, samples)}}``
+    for ``split`` (absent file → empty)."""
+    from mmgpg.rundir import ProbeRecord, read_records
+
     path = Path(path)
     probes: dict[int, dict[str, tuple[int, int]]] = {}
     if not path.exists():
         return probes
-    for n, rec in _read_jsonl(path):
-        if split is not None and rec.get("split", split) != split:
+    for rec in read_records(path, ProbeRecord):
+        if split is not None and rec.split not in ("", split):
             continue
-        k, N = _field(path, n, rec, "successes", int), _field(path, n, rec, "samples", int)
-        if not 0 <= k <= N:
-            raise ValueError(f"{path}:{n}: successes must lie in [0, samples]; got {k} of {N}")
-        probes.setdefault(_field(path, n, rec, "step", int), {})[str(rec["prompt_id"])] = (k, N)
+        probes.setdefault(rec.step, {})[rec.prompt_id] = (rec.successes, rec.samples)
     return probes
 
 

@@ -40,13 +40,13 @@ def run_diagnose(run_dir: str | Path, out_dir: str | Path | None = None,
                  success_threshold: float | None = None) -> dict:
     """Everything for one run; writes ``diagnose.json``, ``diagnose.txt`` and ``*.png`` to ``out_dir``
     (default ``RUN_DIR/diagnose``) and returns the report."""
-    from mmgpg.train.plots import read_metrics
+    from mmgpg.rundir import PROBES, SUCCESS, read_config, read_metrics
 
     run = Path(run_dir)
-    cfg, ignored = D.load_run_config(run / "config.yaml")
+    cfg, ignored = read_config(run, lenient=True)
     metrics = read_metrics(run)
-    visits = D.read_visits(run / "prompt_success.jsonl", success_threshold)
-    probes = D.read_probes(run / "probe_success.jsonl", cfg.train.split)
+    visits = D.read_visits(run / SUCCESS, success_threshold)
+    probes = D.read_probes(run / PROBES, cfg.train.split)
     G = cfg.rollout.group_size
     p_ref, ref_source = D.reference_estimates(visits, probes)
     final, final_source = D.final_estimates(visits, probes, ref_source)

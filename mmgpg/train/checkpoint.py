@@ -23,9 +23,7 @@ from __future__ import annotations
 import errno
 import json
 import random
-import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,146 +31,15 @@ import numpy as np
 import torch
 
 from mmgpg import distributed
-
-_STEP_DIR = re.compile(r"step-(\d{8})")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be written or used; the message names it and says what to do."""
-
-
-def checkpoint_root(output_dir: str | Path) -> Path:
-    return Path(output_dir) / "checkpoints"
-
-
-def complete_checkpoints(output_dir: str | Path) -> list[Path]:
-    """Checkpoint directories with a ``COMPLETE`` marker, oldest first (not yet verified)."""
-    root = checkpoint_root(output_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name) and (p / "COMPLETE").is_file()]
-    return sorted(found, key=lambda p: int(p.name[5:]))
-
-
-def latest_checkpoint(output_dir: str | Path, warn=None) -> Path | None:
-    """The newest complete checkpoint that passes :func:`verify_checkpoint`; each newer one that fails is reported
-    through ``warn`` (default: a warning on stderr) with its reason, and skipped."""
-    warn = warn or _warn
-    for candidate in reversed(complete_checkpoints(output_dir)):
-        try:
-            verify_checkpoint(candidate)
-        except CheckpointError as err:
-            warn(f"skipping checkpoint {candidate}: {err}")
-            continue
-        return candidate
-    return None
-
-
-def _read_marker(checkpoint: Path) -> dict[str, int]:
-    try:
-        meta = json.loads((checkpoint / "COMPLETE").read_text(encoding="utf-8"))
-        if not (isinstance(meta, dict) and isinstance(meta.get("step"), int) and isinstance(meta.get("world_size"), int)):
-            raise ValueError("expected {\"step\": int, \"world_size\": int}")
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"its COMPLETE marker is unreadable ({err})") from None
-    return meta
-
-
-def _safe_load(path: Path, mmap: bool = False) -> Any:
-    """``torch.load(weights_only=True)``: tensors and plain data only; a file that needs more is refused.
-    ``mmap``: map the tensors instead of reading them (a cheap check of a large optimizer state)."""
-    if not path.is_file():
-        raise CheckpointError(f"{path.name} is missing")
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
-    except Exception as err:  # noqa: BLE001 - torch raises many types for bad files; each becomes one message
-        text = str(err)
-        if "Weights only load failed" in text or "Unsupported global" in text:
-            raise CheckpointError(f"{path.name} holds Python objects other than tensors and plain data; mmgpg does "
-                                  "not unpickle those (they can run code). It was written by an older mmgpg or "
-                                  "tampered with") from None
-        first = text.splitlines()[0][:200] if text.strip() else "empty or truncated file"
-        raise CheckpointError(f"{path.name} is unreadable ({type(err).__name__}: {first})") from None
-
-
-def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
-    """Check ``checkpoint`` without loading the model: the marker, every rank's RNG file and the trainer state load
-    (safely), and ``policy/`` has a readable ``config.json`` and intact safetensors headers. Returns the marker."""
-    meta = _read_marker(checkpoint)
-    state = _safe_load(checkpoint / "trainer_state.pt", mmap=True)
-    if not isinstance(state, dict) or not {"optimizer", "scheduler", "stream", "counters"} <= set(state):
-        raise CheckpointError("trainer_state.pt lacks the optimizer, scheduler, stream or counters")
-    if "deepspeed" in state and not (checkpoint / "engine").is_dir():
-        raise CheckpointError("engine/ (DeepSpeed's optimizer state) is missing")
-    for rank in range(meta["world_size"]):
-        rng = _safe_load(checkpoint / f"rng_rank{rank}.pt")
-        if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):
-            raise CheckpointError(f"rng_rank{rank}.pt is not an RNG state")
-    verify_policy_dir(checkpoint / "policy")
-    if (checkpoint / "adapter").exists():  # a LoRA run (mmgpg.models.lora.ADAPTER_DIR)
-        verify_adapter_dir(checkpoint / "adapter")
-    return meta
-
-
-def verify_adapter_dir(adapter: Path) -> None:
-    """A PEFT adapter folder (a LoRA run's ``adapter/``): ``adapter_config.json`` parses, the weights are whole."""
-    try:
-        json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{adapter.name}/adapter_config.json is unreadable ({err})") from None
-    _check_safetensors(adapter, adapter.glob("adapter_model.safetensors"))
-
-
-def verify_policy_dir(policy: Path) -> None:
-    """A Hugging Face model directory whose ``config.json`` parses and whose safetensors files are whole."""
-    if not policy.is_dir():
-        raise CheckpointError(f"{policy.name}/ is missing")
-    try:
-        json.loads((policy / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"{policy.name}/config.json is unreadable ({err})") from None
-    _check_safetensors(policy, policy.glob("*.safetensors"))
-
-
-def _check_safetensors(folder: Path, paths) -> None:
-    from safetensors import safe_open
-
-    weights = sorted(paths)
-    if not weights:
-        raise CheckpointError(f"{folder.name}/ holds no *.safetensors weights")
-    for path in weights:
-        try:  # safe_open parses the header and checks that the data it describes covers the file exactly
-            with safe_open(str(path), framework="pt"):
-                pass
-        except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
-            raise CheckpointError(f"{folder.name}/{path.name} is damaged ({str(err).splitlines()[0][:200]})") from None
-
-
-def check_model_source(path: str) -> bool:
-    """True for a usable local model directory; raise a clear error for a local path that is not one (missing,
-    a file, no or unreadable config.json, no weights). A name that cannot be a hub id (``a/b/c``, ``./x``, ``/x``,
-    ``~/x``, or ``dir/x`` where ``dir`` exists here) is local: a typo is reported at once, not sent to the hub."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        head = path.split("/", 1)[0]
-        if path.startswith(("/", ".", "~")) or path.count("/") > 1 or (path.count("/") == 1 and Path(head).is_dir()):
-            siblings = sorted(x.name for x in p.parent.iterdir()) if p.parent.is_dir() else []
-            from mmgpg.typed import did_you_mean
-
-            raise FileNotFoundError(f"model directory {path!r} does not exist." + did_you_mean(p.name, siblings))
-        return False
-    if not p.is_dir():
-        raise ValueError(f"model {path!r} is a file; give the model's directory (with config.json and weights)")
-    try:
-        json.loads((p / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"model directory {path!r} has no config.json: it is not a Hugging Face model folder") from None
-    except (OSError, ValueError) as err:
-        raise ValueError(f"model directory {path!r}: config.json is not valid JSON ({err})") from None
-    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
-        raise ValueError(f"model directory {path!r} holds no weights (*.safetensors or *.bin); was the download or "
-                         "save interrupted?")
-    return True
+from mmgpg.rundir import (
+    _STEP_DIR,
+    _read_marker,
+    _safe_load,
+    checkpoint_root,
+    complete_checkpoints,
+    latest_checkpoint,
+)
+from mmgpg.typed import CheckpointError
 
 
 def rng_state() -> dict[str, Any]:
@@ -212,7 +79,8 @@ def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: di
     (optional) supplies the full weights when the model's own are partitioned (``full_state_dict``, gathered on every
     rank, written by rank 0) and writes its own state into ``engine/`` (``save_engine_state``, every rank). A LoRA
     policy is written merged (``policy/``) and as its adapter (``adapter/``)."""
-    from mmgpg.models.lora import ADAPTER_DIR, is_lora, save_adapter, save_policy
+    from mmgpg.models.lora import ADAPTER_DIR, is_lora, save_adapter
+    from mmgpg.models.save import save_policy
 
     info = distributed.current()
     full = backend.full_state_dict() if backend is not None else None
@@ -285,8 +153,3 @@ def load_trainer_state(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]
         return _safe_load(checkpoint / "trainer_state.pt"), _safe_load(checkpoint / f"rng_rank{info.rank}.pt")
     except CheckpointError as err:
         raise CheckpointError(f"checkpoint {checkpoint}: {err}") from None
-
-
-def _warn(message: str) -> None:
-    if distributed.current().is_main:
-        print(f"warning: {message}", file=sys.stderr, flush=True)

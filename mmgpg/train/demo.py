@@ -42,10 +42,10 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     import torch
 
     from mmgpg.config import resolve
+    from mmgpg.rundir import read_metrics, run_dir_path
     from mmgpg.train.plots import plot_run
     from mmgpg.train.sft import SFTTrainer
     from mmgpg.train.trainer import Trainer
-    from mmgpg.utils import run_dir_path
 
     if s.threads:
         torch.set_num_threads(s.threads)
@@ -74,7 +74,7 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     trainer.train()
     t_gpg = time.perf_counter() - t0 - t_sft
 
-    rows = [json.loads(x) for x in (out / "gpg" / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics(out / "gpg")
     evals = [r for r in rows if "eval/accuracy" in r]
     before, after = evals[0], evals[-1]
     plots = plot_run(out / "gpg", out / "plots")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mmgpg.jsonl import read_jsonl
+from mmgpg.rundir import read_metrics
 
 PANELS = (
     ("reward/total", "reward (sampled, all attempts)"),
@@ -12,17 +12,6 @@ PANELS = (
     ("gpg/alpha", "alpha = B/(B-M)"),
     ("eval/", "evaluation (greedy)"),
 )
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist: give a run directory written by mmgpg train or mmgpg sft")
-    read = read_jsonl(path, torn_tail="drop")
-    for number, row in zip(read.lines, read.rows):
-        if not isinstance(row, dict) or not isinstance(row.get("step"), int):
-            raise ValueError(f"{path}:{number}: a record without an integer 'step': not an mmgpg metrics log")
-    return read.rows
 
 
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:

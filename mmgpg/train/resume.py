@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from mmgpg.jsonl import read_jsonl, write_jsonl_atomic
+from mmgpg.rundir import CONFIG, read_config_tree
 
 LOGS = ("metrics.jsonl", "prompt_success.jsonl")
 
@@ -58,7 +59,9 @@ def truncate_logs(run_dir: Path, last_step: int, warn=None) -> None:
 def usable_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint a resume will use, or None when the run has none at all. When it has complete checkpoints
     but every one is damaged, raise instead of starting over (a run must never restart from step 0 by accident)."""
-    from mmgpg.train.checkpoint import CheckpointError, _warn, complete_checkpoints, latest_checkpoint
+    from mmgpg.rundir import complete_checkpoints, latest_checkpoint
+    from mmgpg.train.checkpoint import _warn
+    from mmgpg.typed import CheckpointError
 
     reasons: list[str] = []
     found = latest_checkpoint(run_dir, warn=reasons.append)
@@ -74,7 +77,7 @@ def usable_checkpoint(run_dir: Path) -> Path | None:
 
 def set_aside_logs(run_dir: Path) -> Path | None:
     """Move the logs of a run that never checkpointed to ``run_dir/abandoned-<time>/``; return that folder."""
-    present = [run_dir / n for n in (*LOGS, "config.yaml", "tensorboard") if (run_dir / n).exists()]
+    present = [run_dir / n for n in (*LOGS, CONFIG, "tensorboard") if (run_dir / n).exists()]
     if not any(p.name in LOGS for p in present):
         return None
     target = run_dir / f"abandoned-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -118,14 +121,10 @@ def config_changes(old_tree: dict, new_tree: dict, command: str = "train") -> di
 
 def read_checkpoint_config(checkpoint: Path, run_dir: Path) -> tuple[dict | None, str]:
     """The config a checkpoint was trained with: its own ``config.yaml``, else (older checkpoints) the run's."""
-    for path in (checkpoint / "config.yaml", run_dir / "config.yaml"):
-        if path.is_file():
-            try:
-                tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-            except yaml.YAMLError as err:
-                raise ValueError(f"{path}: not valid YAML ({err})") from None
-            if isinstance(tree, dict):
-                return tree, str(path)
+    for path in (checkpoint / CONFIG, run_dir / CONFIG):
+        tree = read_config_tree(path)
+        if tree is not None:
+            return tree, str(path)
     return None, ""
 
 
@@ -207,7 +206,7 @@ def save_run_state(run_dir: Path, step: int, policy, backend, stream, counters: 
     from mmgpg.train.checkpoint import save_checkpoint
 
     state = {**backend.state_dict(), "stream": stream.state_dict(), "counters": counters}
-    return save_checkpoint(run_dir, step, policy, state, keep_last, extra_files={"config.yaml": to_yaml(cfg)},
+    return save_checkpoint(run_dir, step, policy, state, keep_last, extra_files={CONFIG: to_yaml(cfg)},
                            backend=backend)
 
 

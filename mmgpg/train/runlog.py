@@ -10,17 +10,24 @@ from typing import Any
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, cfg: Any, *, start_step: int, is_main: bool):
+    """The one writer of a run's ``metrics.jsonl`` (``mmgpg train`` and ``mmgpg sft``). ``total_steps``,
+    ``tensorboard``, ``use_wandb``, ``progress``: None takes ``train.max_steps`` / ``train.tensorboard`` / ``train.wandb`` /
+    ``train.progress``."""
+
+    def __init__(self, run_dir: Path, cfg: Any, *, start_step: int, is_main: bool, total_steps: int | None = None,
+                 tensorboard: bool | None = None, use_wandb: bool | None = None, progress: bool | None = None):
         self.run_dir, self.is_main = Path(run_dir), is_main
         self.tb = self.wandb = None
-        self.progress = _Progress(cfg.train.max_steps, start_step, enabled=cfg.train.progress and is_main)
+        t = cfg.train
+        progress = t.progress if progress is None else progress
+        self.progress = _Progress(total_steps or t.max_steps, start_step, enabled=progress and is_main)
         if not is_main:
             return
-        if cfg.train.tensorboard:
+        if (t.tensorboard if tensorboard is None else tensorboard):
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=start_step + 1)
-        if cfg.train.wandb:
+        if t.wandb if use_wandb is None else use_wandb:
             import wandb
 
             from mmgpg.config import to_dict

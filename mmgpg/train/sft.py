@@ -1,14 +1,14 @@
 """Supervised fine-tuning on a task's gold completions: the papers' "+SFT" baseline and the CPU demo's warm start.
 
 It uses the same task plugins and the same policy code as RL: the prompt goes through
-:meth:`~mmgpg.models.qwen_vl.Policy.encode_prompts`, and the loss is the mean negative log-likelihood of the gold completion
+:meth:`~mmgpg.models.qwen_vl.QwenVLPolicy.encode_prompts`, and the loss is the mean negative log-likelihood of the gold completion
 tokens (the task's ``gold_completion(example)`` followed by ``<|im_end|>``), computed by
-:meth:`~mmgpg.models.qwen_vl.Policy.completion_logprobs`. That is the scorer RL uses, so the two cannot drift apart.
+:meth:`~mmgpg.models.qwen_vl.QwenVLPolicy.completion_logprobs`. That is the scorer RL uses, so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -16,17 +16,20 @@ from pathlib import Path
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Resolved, save_config
 from mmgpg.evaluation.run import evaluate
-from mmgpg.models import lora
+from mmgpg.models import Policy, lora
+from mmgpg.models.batch import CompletionBatch
 from mmgpg.models.load import load_for_training
-from mmgpg.models.qwen_vl import CompletionBatch, Policy, pad_completions
+from mmgpg.models.logprobs import pad_completions
+from mmgpg.models.save import save_policy
 from mmgpg.rollout import build_engine
-from mmgpg.task import Example, SkipBadRows, Task, build_task, first_items
-from mmgpg.train import resume
-from mmgpg.train.stream import PromptStream
-from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
 
 # torch.optim.AdamW's default weight decay, which mmgpg sft has always used (its demo numbers depend on it).
-SFT_WEIGHT_DECAY = 0.01
+from mmgpg.rundir import run_dir_path
+from mmgpg.task import Example, SkipBadRows, Task, build_task, first_items
+from mmgpg.train import resume
+from mmgpg.train.runlog import RunLog
+from mmgpg.train.stream import PromptStream
+from mmgpg.utils import GracefulStop, seed_everything
 
 
 def gold_rollout(policy: Policy, task: Task, examples: list[Example]) -> CompletionBatch:
@@ -64,7 +67,8 @@ class SFTTrainer:
         self.eval_examples = first_items(self.task.load(cfg.train.eval_split), cfg.train.eval_limit)
         self.stream = PromptStream(len(self.dataset), cfg.seed)
         self.backend.prepare(self.policy.model, self._optimizer_settings())
-        self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
+        self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast,
+                                   weights=self.backend.full_weights)
         if checkpoint is not None:
             counters = resume.restore_run_state(checkpoint, self.run_dir, cfg, self.backend, self.stream,
                                                 self._optimizer_settings, command="sft", is_main=True)
@@ -76,10 +80,12 @@ class SFTTrainer:
 
     def _optimizer_settings(self) -> OptimizerSettings:
         s = self.cfg.sft
-        return OptimizerSettings(s.learning_rate, weight_decay=SFT_WEIGHT_DECAY, max_grad_norm=s.max_grad_norm,
+        return OptimizerSettings(s.learning_rate, weight_decay=s.weight_decay, max_grad_norm=s.max_grad_norm,
                                  total_steps=s.max_steps)
 
     def evaluate(self) -> dict[str, float]:
+        if self.engine.owns_weights:  # an engine with its own copy (vLLM) evaluates the current weights
+            self.engine.sync_weights(self.backend.full_weights(self.engine.weights_dtype))
         with self.backend.generation_context():  # ZeRO-3: the weights gathered once, not per token
             metrics, _ = evaluate(self.engine, self.task, self.eval_examples,
                                   max_new_tokens=self.cfg.rollout.max_new_tokens)
@@ -112,13 +118,14 @@ class SFTTrainer:
         """Run to ``sft.max_steps`` (or stop at a step boundary with a checkpoint on SIGTERM/SIGINT); return the
         ``final/`` model directory, or the stopping checkpoint's ``policy/`` when stopped early."""
         s = self.cfg.sft
-        with self.stopper:
+        runlog = RunLog(self.run_dir, self.cfg, start_step=self.step, is_main=True, total_steps=s.max_steps,
+                        tensorboard=False, use_wandb=False, progress=False)
+        with self.stopper, contextlib.closing(runlog):
             while self.step < s.max_steps:
                 metrics = self.train_step()
                 if (s.eval_every and self.step % s.eval_every == 0) or self.step == s.max_steps:
                     metrics.update(self.evaluate())
-                with open(self.run_dir / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps(metrics) + "\n")
+                runlog.log(metrics)
                 if progress is not None:
                     progress(metrics)
                 last = self.step >= s.max_steps
@@ -130,7 +137,7 @@ class SFTTrainer:
                     return saved / "policy"
         final = self.run_dir / "final"
         # adapters merged, partitioned weights gathered: a plain Hugging Face model directory
-        lora.save_policy(self.policy, final, self.backend.full_state_dict())
+        save_policy(self.policy, final, self.backend.full_state_dict())
         if lora.is_lora(self.policy):
             lora.save_adapter(self.policy, self.run_dir / "final_adapter")
         return final

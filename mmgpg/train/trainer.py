@@ -16,7 +16,6 @@ The phase names are the timer names (``time/rollout``, ``time/advantages``, ``ti
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,19 +23,22 @@ from typing import Any
 
 import torch
 
-from mmgpg import algorithms, distributed
+from mmgpg import algorithms, distributed, rundir
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Config, Resolved, save_config
-from mmgpg.models import lora
+from mmgpg.models import Policy, lora
+from mmgpg.models.batch import CompletionBatch
 from mmgpg.models.load import load_for_training, load_policy_for
-from mmgpg.models.qwen_vl import CompletionBatch, Policy, gather_prompts, pad_completions
-from mmgpg.rollout import Collected, Group, Sampling, build_engine, collect_groups, sample_groups
+from mmgpg.models.logprobs import pad_completions
+from mmgpg.rollout import Sampling, build_engine
 from mmgpg.rollout.check import LogprobDiff, check_logprob_diff
+from mmgpg.rollout.collect import Collected, Group, collect_groups, sample_groups
+from mmgpg.rundir import SuccessRecord, run_dir_path
 from mmgpg.task import SkipBadRows, build_task, first_items
 from mmgpg.train import resume
 from mmgpg.train.runlog import RunLog
 from mmgpg.train.stream import PromptStream
-from mmgpg.utils import GracefulStop, run_dir_path, seed_everything
+from mmgpg.utils import GracefulStop, seed_everything
 
 
 @dataclass
@@ -108,7 +110,8 @@ class Trainer:
         self.backend.prepare(model, self._optimizer_settings())
         if self.reference is not None and self.reference is not self.policy:  # ZeRO-3: partitioned too
             self.reference.model = self.backend.partition_reference(self.reference.model)
-        self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast)
+        self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast,
+                                   weights=self.backend.full_weights)
         self.sampling = Sampling.from_config(cfg.rollout)
         a = cfg.algo  # the algorithm's functions with their hyper-parameters bound once
         self.advantage_fn = algorithms.bind(algorithms.ADVANTAGES[a.advantage], std_eps=a.std_eps)
@@ -126,24 +129,10 @@ class Trainer:
     # ---- set-up helpers -------------------------------------------------------------------------------------------
 
     def _check_layout(self) -> None:
-        from mmgpg.typed import ConfigError, Problem
+        from mmgpg.config.checks import check_training
+        from mmgpg.typed import ConfigError
 
-        cfg, world = self.cfg, self.dist.world_size
-        problems = []
-        if cfg.train.prompts_per_step % world:
-            problems.append(Problem("train.prompts_per_step", cfg.train.prompts_per_step,
-                                    f"It must split evenly over the {world} ranks.", f"use a multiple of {world}."))
-        if cfg.rollout.group_size < 2:
-            problems.append(Problem("rollout.group_size", cfg.rollout.group_size,
-                                    "A group of one always has zero variance and never teaches anything.",
-                                    "use 2 or more (the papers use 8)."))
-        if cfg.train.wandb:
-            import importlib.util
-
-            if importlib.util.find_spec("wandb") is None:
-                problems.append(Problem("train.wandb", True, "The wandb package is not installed.",
-                                        "pip install wandb, or set train.wandb=false."))
-        if problems:
+        if problems := check_training(self.cfg, self.dist.world_size):
             raise ConfigError(problems)
 
     def _optimizer_settings(self) -> OptimizerSettings:
@@ -204,7 +193,7 @@ class Trainer:
     def _collate(self, groups: list[Group]) -> CompletionBatch:
         """The groups' prompts (reused from the rollout's encoding when the engine made one) and completions."""
         if all(g.prompts is not None for g in groups):
-            batch = gather_prompts([(g.prompts, g.prompt_index) for g in groups], self.policy.pad_token_id)
+            batch = self.policy.gather_prompts([(g.prompts, g.prompt_index) for g in groups])
         else:
             batch = self.policy.encode_prompts([self.task.prompt(g.example) for g in groups])
         ids, mask = pad_completions([ids for g in groups for ids in g.completion_ids], self.policy.pad_token_id)
@@ -306,19 +295,20 @@ class Trainer:
     def _checked(self, diff: LogprobDiff, groups: list[Group] | None = None) -> dict[str, float]:
         """The post-sync check over all ranks (collective): metrics, or a stop before the optimizer step. ``groups``:
         a step without update (no informative group) scores them in one no-grad forward for it."""
-        if not (self.cfg.rollout.logprob_check and hasattr(self.engine, "check_mean")):
+        limits = self.engine.check_limits
+        if limits is None:  # rollout.logprob_check=false, or an engine that samples with the policy itself
             return {}
         with torch.no_grad():
             for r in [self._collate(groups[i : i + 1]) for i in range(len(groups or []))]:
                 if r.sampled_logprobs is not None:
                     diff.add(r.sampled_logprobs, self._logprobs(self.policy, r), r.completion_mask)
-        return check_logprob_diff(*diff.reduce(self.backend.comm_device), mean_limit=self.engine.check_mean,
-                                  max_limit=self.engine.check_max, step=self.state.step)
+        return check_logprob_diff(*diff.reduce(self.backend.comm_device), mean_limit=limits.mean,
+                                  max_limit=limits.max, step=self.state.step)
 
     def update(self, groups: list[Group], counts: StepCounts) -> dict[str, float]:
         """Backward over this rank's forwarded groups, sum gradients over ranks, clip, step, sync the engine."""
         a = self.cfg.algo
-        getattr(self.engine, "sleep", lambda: None)()  # rollout.vllm_sleep: free the engine's GPU memory
+        self.engine.sleep()  # rollout.vllm_sleep: free the engine's GPU memory during the update
         if counts.skip:
             self.state.skipped_steps += 1
             for _ in range(a.updates_per_batch):
@@ -336,7 +326,8 @@ class Trainer:
                 checked = self._checked(diff)
             grad_norm = self._optimizer_step()
         t0 = time.perf_counter()
-        self.engine.sync_weights()
+        if self.engine.owns_weights:  # the backend gathers / merges; the engine moves them (every rank: collective)
+            self.engine.sync_weights(self.backend.full_weights(self.engine.weights_dtype))
         sync_s = time.perf_counter() - t0
         self.policy.model.eval()
         policy_total, kl_total = distributed.all_sum([policy_total, kl_total], self.backend.comm_device)
@@ -395,16 +386,13 @@ class Trainer:
         """One record per generated group (every rank, every attempt) in prompt_success.jsonl: whether it entered
         the update, its attempt, its rewards and the task's binary success per completion (null when the task
         declares no success)."""
-        records = [{"step": self.state.step, "prompt_id": g.example.id, "attempt": g.attempt, "rank": self.dist.rank,
-                    "group_size": len(g.rewards), "in_update": g.in_update, "zero_variance": g.zero_variance,
-                    "rewards": g.rewards, "success": None if g.success is None else [int(x) for x in g.success],
-                    "successes": None if g.success is None else sum(g.success)} for g in generated]
+        records = [SuccessRecord(step=self.state.step, prompt_id=g.example.id, attempt=g.attempt, rank=self.dist.rank,
+                                 group_size=len(g.rewards), in_update=g.in_update, zero_variance=g.zero_variance,
+                                 rewards=list(g.rewards), success=None if g.success is None else [int(x) for x in g.success])
+                   for g in generated]
         everyone = distributed.gather_objects(records)
         if self.dist.is_main:
-            with open(self.run_dir / "prompt_success.jsonl", "a") as f:
-                for recs in everyone:
-                    for rec in recs:
-                        f.write(json.dumps(rec) + "\n")
+            rundir.append_records(self.run_dir / rundir.SUCCESS, [rec for recs in everyone for rec in recs])
 
     def evaluate(self) -> dict[str, float]:
         """Greedy evaluation on ``train.eval_split`` (rank 0 evaluates, every rank gets the numbers)."""
@@ -429,7 +417,7 @@ class Trainer:
     def probe(self) -> None:
         """``train.probe_every``: per-prompt success of the current policy on the first ``train.probe_limit``
         training prompts (rank 0; under a forked RNG so the training stream is untouched) → probe_success.jsonl."""
-        from mmgpg.theory.probe import PROBE_FILE, check_success, probe_prompts, write_probe
+        from mmgpg.theory.probe import check_success, probe_prompts
 
         with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
             if self.dist.is_main:
@@ -438,9 +426,10 @@ class Trainer:
                 examples = first_items(self.dataset, t.probe_limit)
                 with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
                     torch.manual_seed(self.cfg.seed + 20_000 + self.state.step)
-                    records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, split=t.split,
-                                            samples=t.probe_samples, success_threshold=None)
-                write_probe(self.run_dir / PROBE_FILE, self.state.step, "live", records)
+                    records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, step=self.state.step,
+                                            checkpoint="live", split=t.split, samples=t.probe_samples,
+                                            success_threshold=None)
+                rundir.replace_probe(self.run_dir / rundir.PROBES, records)
         distributed.barrier()
 
     def save(self) -> Path:
