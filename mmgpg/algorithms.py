@@ -231,13 +231,19 @@ def token_loss_sum(token_loss: torch.Tensor, mask: torch.Tensor, mode: str) -> t
     * ``token_mean`` (GPG paper; Dr. GRPO's ``constant_length`` has the same numerator): ``Σ_i Σ_t ℓ_it``;
     * ``seq_mean_token_mean`` (GPG multimodal code, TRL ``loss_type="grpo"``): ``Σ_i (Σ_t ℓ_it / |o_i|)``.
     """
-    return AGGREGATIONS[mode].numerator(token_loss, mask)
+    return _aggregation(mode).numerator(token_loss, mask)
 
 
 def aggregation_denominator(mode: str, num_sequences: int, num_tokens: int, max_new_tokens: int) -> float:
     """The global denominator: tokens (``token_mean``), sequences (``seq_mean_token_mean``) or
     sequences × ``max_new_tokens`` (``constant_length``, Dr. GRPO). Counts are over the whole optimizer step."""
-    return AGGREGATIONS[mode].denominator(num_sequences, num_tokens, max_new_tokens)
+    return _aggregation(mode).denominator(num_sequences, num_tokens, max_new_tokens)
+
+
+def _aggregation(mode: str) -> Aggregation:
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {mode!r}")
+    return AGGREGATIONS[mode]
 
 
 def aggregate_tokens(token_loss: torch.Tensor, mask: torch.Tensor, mode: str,

@@ -210,12 +210,14 @@ class ProbeRecord:
                    checkpoint=str(rec.get("checkpoint", "")))
 
 
-def read_records(path: str | Path, kind: type[SuccessRecord] | type[ProbeRecord]) -> list:
+def read_records(path: str | Path, kind: type[SuccessRecord] | type[ProbeRecord], *, numbered: bool = False) -> list:
     """Every record of a ``prompt_success.jsonl`` / ``probe_success.jsonl`` file, typed and checked (a line that is
-    not valid JSON, or a record of the wrong shape, is an error naming the line; a torn last line is dropped)."""
+    not valid JSON, or a record of the wrong shape, is an error naming the line; a torn last line is dropped).
+    ``numbered``: ``(line number, record)`` pairs, for messages about a record's content."""
     path = Path(path)
     read = read_jsonl(path, torn_tail="drop")
-    return [kind.parse(path, number, rec) for number, rec in zip(read.lines, read.rows)]
+    records = [kind.parse(path, number, rec) for number, rec in zip(read.lines, read.rows)]
+    return list(zip(read.lines, records)) if numbered else records
 
 
 def append_records(path: str | Path, records: list) -> None:

@@ -74,20 +74,6 @@ def tiny_sam_dir(tmp_path_factory) -> Path:
     return out
 
 
-def two_image_conversations():
-    """Two prompts whose images have different sizes (112x112 -> 16 visual tokens, 56x112 -> 8)."""
-    from PIL import Image, ImageDraw
-
-    big = Image.new("RGB", (112, 112), (123, 117, 104))
-    ImageDraw.Draw(big).ellipse((20, 20, 50, 50), fill=(220, 40, 40))
-    small = Image.new("RGB", (56, 112), (123, 117, 104))
-    ImageDraw.Draw(small).rectangle((10, 60, 40, 90), fill=(40, 80, 220))
-    return [
-        [{"role": "user", "content": [{"type": "image", "image": big}, {"type": "text", "text": "How many shapes?"}]}],
-        [{"role": "user", "content": [{"type": "image", "image": small}, {"type": "text", "text": "What colour?"}]}],
-    ]
-
-
 def pytest_sessionfinish(session, exitstatus):
     """A run in which no test passed is a failure (CI must never go green on an empty or all-skipped suite)."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -96,5 +82,5 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 5
 
 
-# The fault tests' shared run (tests/faults_support.py): registered here so that any test module can use it.
-from faults_support import checkpoint_copy, trained_run  # noqa: E402, F401
+# The fault tests' shared run (tests/support/faults_support.py): registered here so that any test module can use it.
+from support.faults_support import checkpoint_copy, trained_run  # noqa: E402, F401

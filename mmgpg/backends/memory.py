@@ -158,7 +158,7 @@ def layer_activation_bytes_per_token(hidden: int, intermediate: int, heads: int,
     * autocast:  30h + 4kv + 8I + 4a + 8 + 2b      (fp32 residual stream and norms; each projection saves its own
                                                      bf16 cast of its input; autocast's weight copies are separate)
 
-    All three equal the bytes torch.autograd.graph.saved_tensors_hooks sees on CPU (tests/test_plan.py: fp32 and
+    All three equal the bytes torch.autograd.graph.saved_tensors_hooks sees on CPU (tests/unit/backends/test_memory.py: fp32 and
     bf16 padded and unpadded, autocast unpadded). For comparison, Korthikanti et al. 2022 (arXiv:2205.05198) give
     34·h bytes per token per layer for a GPT layer in 16-bit with a 4h MLP, plus 5·a·s without flash attention.
     """
@@ -180,7 +180,7 @@ def vision_layer_bytes_per_patch(family: str, hidden: int, intermediate: int, pr
     * Qwen2.5-VL (RMSNorm, SwiGLU):                    fp32 52D + 16M + 24;  bf16 30D + 8M + 24
 
     The coefficients are the saved bytes torch.autograd.graph.saved_tensors_hooks measures on CPU, solved from three
-    (D, M) pairs; tests/test_plan.py checks them at a fourth. Linear in the patch count (attention runs per image with
+    (D, M) pairs; tests/unit/backends/test_memory.py checks them at a fourth. Linear in the patch count (attention runs per image with
     SDPA). Under autocast the fp32 count is used: an upper bound (not measured here: CPU autocast differs from CUDA's).
     """
     fp32 = {"qwen2_vl": (44, 12, 32), "qwen2_5_vl": (52, 16, 24)}

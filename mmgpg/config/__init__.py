@@ -29,11 +29,11 @@ from mmgpg.config.schema import (
     TaskConfig,
     TrainConfig,
 )
-from mmgpg.typed import ConfigError, Problem, did_you_mean, from_dict, to_dict
+from mmgpg.typed import ConfigError, Problem, did_you_mean, field_docs, from_dict, to_dict
 
 __all__ = [
     "AlgoConfig", "Config", "ConfigError", "DataConfig", "LoraConfig", "ModelConfig", "Problem", "Resolved",
     "RolloutConfig", "SftConfig", "TaskConfig", "TrainConfig", "apply_override", "available_groups",
-    "builtin_config_dir", "check", "config_search_path", "did_you_mean", "from_dict", "load_config", "resolve",
+    "builtin_config_dir", "check", "config_search_path", "did_you_mean", "field_docs", "from_dict", "load_config", "resolve",
     "save_config", "to_dict", "to_yaml",
 ]

@@ -1,6 +1,6 @@
 """Pure tensor functions of the policy: completion masks, padding, the image index of each sequence, and
 per-token log-probabilities from hidden states in chunks (O(chunk x vocab) memory instead of O(batch x length x
-vocab)). No model, no processor: each is unit-tested on its own (tests/test_policy_math.py)."""
+vocab)). No model, no processor: each is unit-tested on its own (tests/unit/models/test_logprobs.py)."""
 
 from __future__ import annotations
 

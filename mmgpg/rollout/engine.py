@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     import torch
 
     from mmgpg.config import Config
-    from mmgpg.models import CompletionBatch, Policy
+    from mmgpg.models import Policy
+    from mmgpg.models.batch import CompletionBatch
 
 # The engine names: config validation, `mmgpg eval --engine` and `build_engine` all read this registry.
 ENGINES = Registry("rollout engine", "mmgpg.engines",

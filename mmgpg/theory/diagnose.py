@@ -56,14 +56,14 @@ def read_visits(path: str | Path, success_threshold: float | None = None) -> lis
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: diagnose needs the prompt_success.jsonl of an mmgpg train run")
     visits = []
-    for rec in read_records(path, SuccessRecord):
+    for line, rec in read_records(path, SuccessRecord, numbered=True):
         if success_threshold is not None and rec.rewards is not None:
             k = int(sum(float(r) >= success_threshold for r in rec.rewards))
         elif rec.success is not None:
             k = sum(rec.success)
         else:
-            raise ValueError(f"{path}: step {rec.step}, prompt {rec.prompt_id}: the task declares no binary success "
-                             "(success is null); pass --success-threshold T to count rewards >= T as successes")
+            raise ValueError(f"{path}:{line}: the task declares no binary success (success is null); pass "
+                             "--success-threshold T to count rewards >= T as successes")
         visits.append(Visit(rec.step, rec.prompt_id, rec.attempt, rec.group_size, k, rec.in_update, rec.zero_variance))
     if not visits:
         raise ValueError(f"{path} holds no records: the run has not finished a step yet")

@@ -59,8 +59,7 @@ def truncate_logs(run_dir: Path, last_step: int, warn=None) -> None:
 def usable_checkpoint(run_dir: Path) -> Path | None:
     """The checkpoint a resume will use, or None when the run has none at all. When it has complete checkpoints
     but every one is damaged, raise instead of starting over (a run must never restart from step 0 by accident)."""
-    from mmgpg.rundir import complete_checkpoints, latest_checkpoint
-    from mmgpg.train.checkpoint import _warn
+    from mmgpg.rundir import _warn, complete_checkpoints, latest_checkpoint
     from mmgpg.typed import CheckpointError
 
     reasons: list[str] = []
