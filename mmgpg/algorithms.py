@@ -10,8 +10,8 @@ An algorithm is a combination of these (see ``configs/algo/*.yaml`` and :class:`
 * KL estimators — :data:`KL_ESTIMATORS`: :func:`kl_k3` (forward-KL gradient), :func:`kl_k2` (reverse-KL
   gradient), :func:`kl_k1` (zero expected gradient);
 * :func:`token_loss_sum` / :func:`aggregation_denominator` — how per-token losses become one number
-  (``token_mean`` as in the GPG paper, ``seq_mean_token_mean`` as in the GPG multimodal code, ``constant_length``
-  as in Dr. GRPO). The numerator is a plain sum so that micro-batches and ranks can add their parts and divide by
+  (``token_mean`` as in the GPG paper and DAPO, ``seq_mean_token_mean`` as in the GPG multimodal code and GSPO,
+  ``constant_length`` as in Dr. GRPO), one (numerator, denominator) row per mode in :data:`_AGGREGATION`. The numerator is a plain sum so that micro-batches and ranks can add their parts and divide by
   one global denominator.
 
 Shapes: ``rewards`` is ``[P, G]`` (P groups of G completions); token tensors are ``[N, T]`` with ``N = P * G`` rows in
@@ -203,34 +203,45 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
 # Aggregation over tokens
 # --------------------------------------------------------------------------------------------------------------------
 
+
+def _sum_of_tokens(token_loss: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (token_loss * m).sum()
+
+
+def _sum_of_sequence_means(token_loss: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return ((token_loss * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)).sum()
+
+
+# mode -> (numerator over these rows, global denominator from (sequences, tokens, max_new_tokens)):
+# * token_mean (GPG paper; DAPO's token-level loss; TRL loss_type="dapo"): Σ_i Σ_t ℓ_it / tokens;
+# * seq_mean_token_mean (GPG multimodal code, GSPO; TRL loss_type="grpo"): Σ_i (Σ_t ℓ_it / |o_i|) / sequences;
+# * constant_length (Dr. GRPO): Σ_i Σ_t ℓ_it / (sequences × max_new_tokens).
+_AGGREGATION: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], Callable[[int, int, int], float]]] = {
+    "token_mean": (_sum_of_tokens, lambda sequences, tokens, max_new: float(max(tokens, 1))),
+    "seq_mean_token_mean": (_sum_of_sequence_means, lambda sequences, tokens, max_new: float(max(sequences, 1))),
+    "constant_length": (_sum_of_tokens, lambda sequences, tokens, max_new: float(max(sequences, 1) * max_new)),
+}
+
 # The aggregation names (the config validates against this tuple).
-AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean", "constant_length")
+AGGREGATIONS: tuple[str, ...] = tuple(_AGGREGATION)
+
+
+def _aggregation(mode: str):
+    if mode not in _AGGREGATION:
+        raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {mode!r}")
+    return _AGGREGATION[mode]
 
 
 def token_loss_sum(token_loss: torch.Tensor, mask: torch.Tensor, mode: str) -> torch.Tensor:
-    """The numerator of the aggregated loss over these rows; divide by :func:`aggregation_denominator`.
-
-    * ``token_mean`` (GPG paper; Dr. GRPO's ``constant_length`` has the same numerator): ``Σ_i Σ_t ℓ_it``;
-    * ``seq_mean_token_mean`` (GPG multimodal code, TRL ``loss_type="grpo"``): ``Σ_i (Σ_t ℓ_it / |o_i|)``.
-    """
-    m = mask.to(token_loss.dtype)
-    if mode in ("token_mean", "constant_length"):
-        return (token_loss * m).sum()
-    if mode == "seq_mean_token_mean":
-        return ((token_loss * m).sum(dim=1) / m.sum(dim=1).clamp(min=1)).sum()
-    raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {mode!r}")
+    """The numerator of the aggregated loss over these rows (:data:`_AGGREGATION`); divide by
+    :func:`aggregation_denominator`. A plain sum, so micro-batches and ranks add their parts."""
+    return _aggregation(mode)[0](token_loss, mask.to(token_loss.dtype))
 
 
 def aggregation_denominator(mode: str, num_sequences: int, num_tokens: int, max_new_tokens: int) -> float:
     """The global denominator: tokens (``token_mean``), sequences (``seq_mean_token_mean``) or
     sequences × ``max_new_tokens`` (``constant_length``, Dr. GRPO). Counts are over the whole optimizer step."""
-    if mode == "token_mean":
-        return float(max(num_tokens, 1))
-    if mode == "seq_mean_token_mean":
-        return float(max(num_sequences, 1))
-    if mode == "constant_length":
-        return float(max(num_sequences, 1) * max_new_tokens)
-    raise ValueError(f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {mode!r}")
+    return _aggregation(mode)[1](num_sequences, num_tokens, max_new_tokens)
 
 
 def aggregate_tokens(token_loss: torch.Tensor, mask: torch.Tensor, mode: str,
