@@ -6,7 +6,9 @@ An algorithm is a combination of these (see ``configs/algo/*.yaml`` and :class:`
   :func:`group_stabilized_advantages` (the success-amplification paper's sqrt(var + eps));
 * :func:`zero_variance_mask` — the only definition of "this group carries no signal";
 * :func:`gpg_alpha` — the bias correction α = B / (B − M); :func:`valid_fraction`, :func:`needs_more_groups` (β_th);
-* token losses — :func:`reinforce_token_loss` (GPG), :func:`clipped_ratio_token_loss` (GRPO/PPO);
+* token losses — :func:`reinforce_token_loss` (GPG), :func:`clipped_ratio_token_loss` (GRPO/PPO; DAPO's clip-higher),
+  :func:`gspo_sequence_token_loss` / :func:`gspo_token_level_token_loss` (GSPO, GSPO-token), :func:`cispo_token_loss`;
+* DAPO's length handling — :func:`overlong_penalty` (soft overlong punishment), :func:`overlong_filter_mask`;
 * KL estimators — :data:`KL_ESTIMATORS`: :func:`kl_k3` (forward-KL gradient), :func:`kl_k2` (reverse-KL
   gradient), :func:`kl_k1` (zero expected gradient);
 * :func:`token_loss_sum` / :func:`aggregation_denominator` — how per-token losses become one number
@@ -144,20 +146,99 @@ def reinforce_token_loss(logp: torch.Tensor, advantages: torch.Tensor) -> torch.
     return -advantages[:, None] * logp
 
 
+def _clipped_surrogate(ratio: torch.Tensor, a: torch.Tensor, low: float, high: float | None) -> torch.Tensor:
+    """``-min(ρ A, clip(ρ, 1 - low, 1 + high) A)``; ``high = None`` is the symmetric ``high = low``."""
+    return -torch.minimum(ratio * a, torch.clamp(ratio, 1.0 - low, 1.0 + (low if high is None else high)) * a)
+
+
+def _per_token(advantages: torch.Tensor) -> torch.Tensor:
+    return advantages if advantages.ndim == 2 else advantages[:, None]
+
+
 def clipped_ratio_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None,
-                             clip_eps: float = 0.2) -> torch.Tensor:
-    """GRPO/PPO: ``ℓ_it = -min(ρ_it A_i, clip(ρ_it, 1-ε, 1+ε) A_i)`` with ``ρ = exp(logp - old_logp)``.
+                             clip_eps: float = 0.2, clip_eps_high: float | None = None) -> torch.Tensor:
+    """GRPO/PPO: ``ℓ_it = -min(ρ_it A_i, clip(ρ_it, 1-ε, 1+ε_high) A_i)`` with ``ρ = exp(logp - old_logp)``;
+    ``clip_eps_high = None`` is the symmetric ``ε_high = ε``, DAPO's clip-higher sets ``ε = 0.2, ε_high = 0.28``.
 
     With ``old_logp = None`` the ratio is taken against ``logp.detach()`` (one update per rollout batch): its value
-    is 1, and its gradient is exactly GPG's ``-A ∇log π``.
+    is 1, and its gradient is exactly GPG's ``-A ∇log π``. DAPO, A = +1, ρ = 1.25: ``-1.25`` (symmetric 0.2:
+    ``-1.2``); A = -1, ρ = 0.75: ``0.8`` in both (the low side stays at 1 - 0.2).
     """
     old = logp.detach() if old_logp is None else old_logp
-    ratio = torch.exp(logp - old)
-    a = advantages[:, None]
-    return -torch.minimum(ratio * a, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a)
+    return _clipped_surrogate(torch.exp(logp - old), _per_token(advantages), clip_eps, clip_eps_high)
 
 
-TOKEN_LOSSES = {"reinforce": reinforce_token_loss, "clipped_ratio": clipped_ratio_token_loss}
+def _sequence_log_ratio(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[N, 1]``: ``(1/|o_i|) Σ_t (logp - old)`` over the valid tokens of each row."""
+    m = mask.to(logp.dtype)
+    return (((logp - old) * m).sum(dim=1) / m.sum(dim=1).clamp(min=1))[:, None]
+
+
+def gspo_sequence_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None, *,
+                             mask: torch.Tensor, clip_eps: float = 3e-4, clip_eps_high: float | None = 4e-4):
+    """GSPO (Zheng et al. 2025): the length-normalised sequence ratio ``s_i = exp((1/|o_i|) Σ_t (logp - old_logp))``,
+    clipped per sequence, ``ℓ_i = -min(s_i A_i, clip(s_i, 1-ε, 1+ε_high) A_i)`` (GSPO: ε = 3e-4, ε_high = 4e-4),
+    returned on every token of row i so that ``seq_mean_token_mean`` gives GSPO's ``(1/B) Σ_i ℓ_i``. ``mask`` is the
+    completion mask (the mean runs over valid tokens only).
+
+    Log ratios [0.001, 0.003]: s = e^0.002 = 1.002002; A = +1 → clipped to ``-1.0004``; A = -1 → ``1.002002``.
+    """
+    old = logp.detach() if old_logp is None else old_logp
+    ratio = torch.exp(_sequence_log_ratio(logp, old, mask))
+    return _clipped_surrogate(ratio, advantages[:, None], clip_eps, clip_eps_high).expand_as(logp)
+
+
+def gspo_token_level_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None, *,
+                                mask: torch.Tensor, clip_eps: float = 3e-4, clip_eps_high: float | None = 4e-4):
+    """GSPO-token: ``s_it = sg[s_i] · π(o_it) / sg[π(o_it)]`` (value s_i, gradient through its own token only), in the
+    clipped surrogate with per-token advantages ``A_it`` (``[N, T]``, or ``[N]`` for one per sequence). With
+    ``A_it = A_i`` its gradient equals GSPO's. Values as :func:`gspo_sequence_token_loss` (1.002002 → ``-1.0004``).
+    """
+    old = logp.detach() if old_logp is None else old_logp
+    log_s = _sequence_log_ratio(logp, old, mask).detach() + logp - logp.detach()
+    return _clipped_surrogate(torch.exp(log_s), _per_token(advantages), clip_eps, clip_eps_high)
+
+
+def cispo_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None,
+                     clip_eps_high: float | None = 4.0, cispo_eps_low: float | None = None) -> torch.Tensor:
+    """CISPO (MiniMax-M1): ``ℓ_it = -sg[clip(ρ_it, 1-ε_low, 1+ε_high)] · A_i · log π(o_it)``: the clipped ratio is a
+    stop-gradient weight, so clipped tokens still get REINFORCE's gradient. As TRL's ``loss_type="cispo"``
+    (``clamp(ρ, max=epsilon_high)``, recommended ``epsilon_high = 5.0``): no lower bound (``cispo_eps_low = None``) and
+    ``ε_high = 4.0``. With ``old_logp = None`` (ρ = 1) it is GPG's loss exactly.
+
+    π = 0.6, π_old = 0.1, A = 1: ρ = 6 → weight 5 → ``-5 log 0.6 = 2.55413``; ρ = 0.5 keeps weight 0.5.
+    """
+    if clip_eps_high is None:
+        raise ValueError("CISPO needs an upper bound on its weight: set clip_eps_high (4.0: TRL's epsilon_high = 5)")
+    old = logp.detach() if old_logp is None else old_logp
+    weight = torch.clamp(torch.exp(logp - old), None if cispo_eps_low is None else 1.0 - cispo_eps_low,
+                         1.0 + clip_eps_high).detach()
+    return -weight * _per_token(advantages) * logp
+
+
+# gspo* take the completion mask as well (keyword ``mask``): the trainer passes it with the log-probs.
+TOKEN_LOSSES: dict[str, Callable[..., torch.Tensor]] = {
+    "reinforce": reinforce_token_loss, "clipped_ratio": clipped_ratio_token_loss, "cispo": cispo_token_loss,
+    "gspo": gspo_sequence_token_loss, "gspo_token": gspo_token_level_token_loss}
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (eq. 13), added to the reward: 0 while ``L <= L_max - L_cache``, then
+    ``((L_max - L_cache) - L) / L_cache`` (linear down to -1 at L_max), -1 beyond (DAPO: L_max = 20480, L_cache = 4096;
+    verl's overlong buffer with penalty_factor 1). L_max = 20, L_cache = 4: L = 16, 17, 20, 21 → ``0, -0.25, -1, -1``.
+    """
+    if not 0 < cache_len <= max_len:
+        raise ValueError(f"need 0 < cache_len <= max_len; got cache_len={cache_len}, max_len={max_len}")
+    exceed = lengths.double() - (max_len - cache_len)
+    return (-exceed / cache_len).clamp(min=-1.0, max=0.0)
+
+
+def overlong_filter_mask(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """DAPO's overlong filtering (TRL ``mask_truncated_completions``): the completion mask ``[N, T]`` with the rows of
+    truncated completions (``truncated [N]``: no EOS within max_new_tokens) cleared, so they add nothing to the loss
+    nor to the token counts of the denominator. ``[[1, 1], [1, 1]]``, truncated ``[False, True]`` → ``[[1, 1], [0, 0]]``.
+    """
+    return mask & ~truncated.to(torch.bool)[:, None]
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
