@@ -3,7 +3,9 @@
 An algorithm is a combination of these (see ``configs/algo/*.yaml`` and :class:`mmgpg.config.AlgoConfig`):
 
 * advantages — :func:`group_mean_advantages` (GPG, F_norm = 1), :func:`group_zscore_advantages` (GRPO),
-  :func:`group_stabilized_advantages` (the success-amplification paper's sqrt(var + eps));
+  :func:`group_stabilized_advantages` (the success-amplification paper's sqrt(var + eps)), :func:`rloo_advantages`
+  (leave-one-out), :func:`reinforce_pp_advantages` / :func:`reinforce_pp_baseline_advantages` (whitened with
+  *global* batch statistics: :func:`batch_moments`, :func:`all_reduce_moments`, :func:`whiten_with_moments`);
 * :func:`zero_variance_mask` — the only definition of "this group carries no signal";
 * :func:`gpg_alpha` — the bias correction α = B / (B − M); :func:`valid_fraction`, :func:`needs_more_groups` (β_th);
 * token losses — :func:`reinforce_token_loss` (GPG), :func:`clipped_ratio_token_loss` (GRPO/PPO; DAPO's clip-higher),
@@ -83,10 +85,80 @@ def group_stabilized_advantages(rewards: torch.Tensor, std_eps: float = 1e-4) ->
     return centred / torch.sqrt(var + std_eps)
 
 
-ADVANTAGES: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024): ``A_ij = r_ij - mean_{k≠j} r_ik = G/(G-1) · (r_ij - mean_j r_ij)``: the baseline
+    of each sample leaves that sample out. A group of one has no other sample: A = 0 (as TRL's RLOO).
+
+    ``[[1, 0, 0, 1]]``: sample 0's baseline (0 + 0 + 1)/3 = 1/3 → ``2/3``; sample 1's (1 + 0 + 1)/3 → ``-2/3``:
+    ``[[2/3, -2/3, -2/3, 2/3]]`` (= 4/3 · GPG's ±0.5).
+    """
+    _check_rewards(rewards)
+    G = rewards.shape[1]
+    if G == 1:
+        return torch.zeros_like(rewards)
+    return (rewards - rewards.mean(dim=1, keepdim=True)) * (G / (G - 1))
+
+
+def batch_moments(values: torch.Tensor, weights: torch.Tensor | None = None) -> tuple[float, float, float]:
+    """This rank's ``(Σ w v, Σ w v², Σ w)`` of ``values [P, G]`` with ``weights [P, G]`` (completion lengths: every
+    token counts, as verl/OpenRLHF whiten over tokens) or 1 per sample. Sum them over ranks
+    (:func:`all_reduce_moments`) before :func:`whiten_with_moments`. ``[[1, 0]]`` with lengths ``[[3, 1]]`` → (3, 3, 4).
+    """
+    v = values.double()
+    w = torch.ones_like(v) if weights is None else weights.to(v.dtype)
+    return float((w * v).sum()), float((w * v * v).sum()), float(w.sum())
+
+
+def all_reduce_moments(moments: tuple[float, float, float], device: torch.device | str = "cpu"):
+    """The moments summed over all ranks (one all-reduce; the identity on one process). Collective: every rank calls
+    it, one with no groups too (its moments are ``(0, 0, 0)``)."""
+    from mmgpg import distributed
+
+    return tuple(distributed.all_sum(moments, device))
+
+
+def whiten_with_moments(values: torch.Tensor, moments: tuple[float, float, float], std_eps: float = 1e-8):
+    """``(v - μ) / sqrt(σ² + std_eps)`` with the global ``μ = S1/n`` and the unbiased ``σ² = (S2/n - μ²) · n/(n-1)``
+    from ``moments = (S1, S2, n)`` (verl's masked_whiten: token-weighted mean and Bessel-corrected variance, ε = 1e-8
+    on the variance). ``[[1, 0]]`` with lengths ``[[3, 1]]``: μ = 3/4, σ² = (3/4 - 9/16) · 4/3 = 1/4 → ``[[0.5, -1.5]]``.
+    """
+    s1, s2, n = moments
+    if n <= 0:
+        raise ValueError(f"the moments count no sample (n = {n}): nothing to whiten")
+    mean = s1 / n
+    var = max(s2 / n - mean * mean, 0.0) * (n / (n - 1) if n > 1 else 0.0)
+    return (values - mean) / (var + std_eps) ** 0.5
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, moments: tuple[float, float, float], std_eps: float = 1e-8):
+    """REINFORCE++ (Hu 2025) with an outcome reward and γ = 1: every token's return is ``r_i``, whitened with the
+    *global* batch statistics: ``A_i = (r_i - μ) / sqrt(σ² + ε)``. ``moments`` must be
+    ``all_reduce_moments(batch_moments(rewards, lengths))`` over all ranks: per-rank statistics give another answer.
+    Two ranks ``[[1, 0]]``, ``[[1, 1]]`` (one token each): μ = 3/4, σ² = 1/4 → ``[[0.5, -1.5]]``, ``[[0.5, 0.5]]``.
+    """
+    _check_rewards(rewards)
+    return whiten_with_moments(rewards, moments, std_eps)
+
+
+def reinforce_pp_baseline_advantages(rewards: torch.Tensor, moments: tuple[float, float, float],
+                                     std_eps: float = 1e-8) -> torch.Tensor:
+    """REINFORCE++-baseline: subtract the group mean, then whiten the centred rewards with the *global* batch
+    statistics (verl's compute_reinforce_plus_plus_baseline_outcome_advantage: the token-weighted global mean of the
+    centred rewards is subtracted too). ``moments = all_reduce_moments(batch_moments(group_mean_advantages(rewards),
+    lengths))``. ``[[1, 0, 0, 0]]`` (one token each): centred [.75, -.25, -.25, -.25], μ = 0, σ² = 0.75/3 = 0.25
+    → ``[[1.5, -0.5, -0.5, -0.5]]``.
+    """
+    return whiten_with_moments(group_mean_advantages(rewards), moments, std_eps)
+
+
+# reinforce_pp* take the global moments as well: the trainer computes them (all ranks) before calling them.
+ADVANTAGES: dict[str, Callable[..., torch.Tensor]] = {
     "group_mean": group_mean_advantages,
     "group_zscore": group_zscore_advantages,
     "group_stabilized": group_stabilized_advantages,
+    "rloo": rloo_advantages,
+    "reinforce_pp": reinforce_pp_advantages,
+    "reinforce_pp_baseline": reinforce_pp_baseline_advantages,
 }
 
 
