@@ -109,6 +109,35 @@ def test_reinforce_pp_baseline_by_hand():
     b = reinforce_pp_baseline_advantages(r2, batch_moments(group_mean_advantages(r2)), std_eps=0.0)
     assert b[0, 0].item() == pytest.approx(0.75 / math.sqrt(0.75 / 7), abs=1e-12)
     assert b[1].tolist() == [0.0, 0.0, 0.0, 0.0]
+    # two ranks, [[1, 0, 0, 0]] and [[1, 1, 0, 0]]: centred [.75, -.25, -.25, -.25] and [.5, .5, -.5, -.5];
+    # S1 = 0, S2 = .75 + 1 = 1.75, n = 8 -> var = 1.75 / 7 = .25 -> rank 1 gets [1, 1, -1, -1]
+    # (rank 1 on its own: var = 1/3 -> +-0.86603)
+    rank0, rank1 = r, torch.tensor([[1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    m0, m1 = batch_moments(group_mean_advantages(rank0)), batch_moments(group_mean_advantages(rank1))
+    summed = tuple(x + y for x, y in zip(m0, m1))
+    assert summed == (0.0, 1.75, 8.0)
+    assert reinforce_pp_baseline_advantages(rank1, summed, std_eps=0.0)[0].tolist() == pytest.approx(
+        [1.0, 1.0, -1.0, -1.0], abs=1e-15)
+    assert reinforce_pp_baseline_advantages(rank0, summed, std_eps=0.0)[0].tolist() == pytest.approx(
+        [1.5, -0.5, -0.5, -0.5], abs=1e-15)
+
+
+@pytest.mark.parametrize("centred", [False, True])
+def test_ranks_with_summed_moments_give_the_single_process_advantages(centred):
+    """Each rank whitening its own groups with the moments summed over ranks equals one process whitening the union
+    (token-weighted, unequal lengths): the statistics are global, the data stays where it is."""
+    fn = reinforce_pp_baseline_advantages if centred else reinforce_pp_advantages
+    ranks = [(torch.tensor(r, dtype=torch.float64), torch.tensor(n, dtype=torch.float64))
+             for r, n in zip(RANK_REWARDS, RANK_LENGTHS)]
+    stats = [batch_moments(group_mean_advantages(r) if centred else r, n) for r, n in ranks]
+    summed = tuple(map(sum, zip(*stats)))
+    union_r = torch.cat([r for r, _ in ranks])
+    union_n = torch.cat([n for _, n in ranks])
+    assert summed == pytest.approx(batch_moments(group_mean_advantages(union_r) if centred else union_r, union_n))
+    got = torch.cat([fn(r, summed) for r, _ in ranks])
+    torch.testing.assert_close(got, fn(union_r, summed), atol=1e-15, rtol=0)
+    per_rank = torch.cat([fn(r, m) for (r, _), m in zip(ranks, stats)])
+    assert (per_rank - got).abs().max() > 0.1
 
 
 def test_dapo_clip_higher_by_hand():
