@@ -3,15 +3,19 @@
 An algorithm is a combination of these (see ``configs/algo/*.yaml`` and :class:`mmgpg.config.AlgoConfig`):
 
 * advantages — :func:`group_mean_advantages` (GPG, F_norm = 1), :func:`group_zscore_advantages` (GRPO),
-  :func:`group_stabilized_advantages` (the success-amplification paper's sqrt(var + eps));
+  :func:`group_stabilized_advantages` (the success-amplification paper's sqrt(var + eps)), :func:`rloo_advantages`
+  (leave-one-out), :func:`reinforce_pp_advantages` / :func:`reinforce_pp_baseline_advantages` (whitened with
+  *global* batch statistics: :func:`batch_moments`, :func:`all_reduce_moments`, :func:`whiten_with_moments`);
 * :func:`zero_variance_mask` — the only definition of "this group carries no signal";
 * :func:`gpg_alpha` — the bias correction α = B / (B − M); :func:`valid_fraction`, :func:`needs_more_groups` (β_th);
-* token losses — :func:`reinforce_token_loss` (GPG), :func:`clipped_ratio_token_loss` (GRPO/PPO);
+* token losses — :func:`reinforce_token_loss` (GPG), :func:`clipped_ratio_token_loss` (GRPO/PPO; DAPO's clip-higher),
+  :func:`gspo_sequence_token_loss` / :func:`gspo_token_level_token_loss` (GSPO, GSPO-token), :func:`cispo_token_loss`;
+* DAPO's length handling — :func:`overlong_penalty` (soft overlong punishment), :func:`overlong_filter_mask`;
 * KL estimators — :data:`KL_ESTIMATORS`: :func:`kl_k3` (forward-KL gradient), :func:`kl_k2` (reverse-KL
   gradient), :func:`kl_k1` (zero expected gradient);
 * :func:`token_loss_sum` / :func:`aggregation_denominator` — how per-token losses become one number
-  (``token_mean`` as in the GPG paper, ``seq_mean_token_mean`` as in the GPG multimodal code, ``constant_length``
-  as in Dr. GRPO). The numerator is a plain sum so that micro-batches and ranks can add their parts and divide by
+  (``token_mean`` as in the GPG paper and DAPO, ``seq_mean_token_mean`` as in the GPG multimodal code and GSPO,
+  ``constant_length`` as in Dr. GRPO), one (numerator, denominator) row per mode in :data:`_AGGREGATION`. The numerator is a plain sum so that micro-batches and ranks can add their parts and divide by
   one global denominator.
 
 Shapes: ``rewards`` is ``[P, G]`` (P groups of G completions); token tensors are ``[N, T]`` with ``N = P * G`` rows in
@@ -84,6 +88,73 @@ def group_stabilized_advantages(rewards: torch.Tensor, std_eps: float = 1e-4) ->
     return centred / torch.sqrt(var + std_eps)
 
 
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """RLOO (Ahmadian et al. 2024): ``A_ij = r_ij - mean_{k≠j} r_ik = G/(G-1) · (r_ij - mean_j r_ij)``: the baseline
+    of each sample leaves that sample out. A group of one has no other sample: A = 0 (as TRL's RLOO).
+
+    ``[[1, 0, 0, 1]]``: sample 0's baseline (0 + 0 + 1)/3 = 1/3 → ``2/3``; sample 1's (1 + 0 + 1)/3 → ``-2/3``:
+    ``[[2/3, -2/3, -2/3, 2/3]]`` (= 4/3 · GPG's ±0.5).
+    """
+    _check_rewards(rewards)
+    G = rewards.shape[1]
+    if G == 1:
+        return torch.zeros_like(rewards)
+    return (rewards - rewards.mean(dim=1, keepdim=True)) * (G / (G - 1))
+
+
+def batch_moments(values: torch.Tensor, weights: torch.Tensor | None = None) -> tuple[float, float, float]:
+    """This rank's ``(Σ w v, Σ w v², Σ w)`` of ``values [P, G]`` with ``weights [P, G]`` (completion lengths: every
+    token counts, as verl/OpenRLHF whiten over tokens) or 1 per sample. Sum them over ranks
+    (:func:`all_reduce_moments`) before :func:`whiten_with_moments`. ``[[1, 0]]`` with lengths ``[[3, 1]]`` → (3, 3, 4).
+    """
+    v = values.double()
+    w = torch.ones_like(v) if weights is None else weights.to(v.dtype)
+    return float((w * v).sum()), float((w * v * v).sum()), float(w.sum())
+
+
+def all_reduce_moments(moments: tuple[float, float, float], device: torch.device | str = "cpu"):
+    """The moments summed over all ranks (one all-reduce; the identity on one process). Collective: every rank calls
+    it, one with no groups too (its moments are ``(0, 0, 0)``)."""
+    from mmgpg import distributed
+
+    return tuple(distributed.all_sum(moments, device))
+
+
+def whiten_with_moments(values: torch.Tensor, moments: tuple[float, float, float], std_eps: float = 1e-8):
+    """``(v - μ) / sqrt(σ² + std_eps)`` with the global ``μ = S1/n`` and the unbiased ``σ² = (S2/n - μ²) · n/(n-1)``
+    from ``moments = (S1, S2, n)`` (verl's masked_whiten: token-weighted mean and Bessel-corrected variance, ε = 1e-8
+    on the variance). ``[[1, 0]]`` with lengths ``[[3, 1]]``: μ = 3/4, σ² = (3/4 - 9/16) · 4/3 = 1/4 → ``[[0.5, -1.5]]``.
+    """
+    s1, s2, n = moments
+    if n <= 0:
+        raise ValueError(f"the moments count no sample (n = {n}): nothing to whiten")
+    mean = s1 / n
+    var = max(s2 / n - mean * mean, 0.0) * (n / (n - 1) if n > 1 else 0.0)
+    return (values - mean) / (var + std_eps) ** 0.5
+
+
+def reinforce_pp_advantages(rewards: torch.Tensor, moments: tuple[float, float, float], std_eps: float = 1e-8):
+    """REINFORCE++ (Hu 2025) with an outcome reward and γ = 1: every token's return is ``r_i``, whitened with the
+    *global* batch statistics: ``A_i = (r_i - μ) / sqrt(σ² + ε)``. ``moments`` must be
+    ``all_reduce_moments(batch_moments(rewards, lengths))`` over all ranks: per-rank statistics give another answer.
+    Two ranks ``[[1, 0]]``, ``[[1, 1]]`` (one token each): μ = 3/4, σ² = 1/4 → ``[[0.5, -1.5]]``, ``[[0.5, 0.5]]``.
+    """
+    _check_rewards(rewards)
+    return whiten_with_moments(rewards, moments, std_eps)
+
+
+def reinforce_pp_baseline_advantages(rewards: torch.Tensor, moments: tuple[float, float, float],
+                                     std_eps: float = 1e-8) -> torch.Tensor:
+    """REINFORCE++-baseline: subtract the group mean, then whiten the centred rewards with the *global* batch
+    statistics (verl's compute_reinforce_plus_plus_baseline_outcome_advantage: the token-weighted global mean of the
+    centred rewards is subtracted too). ``moments = all_reduce_moments(batch_moments(group_mean_advantages(rewards),
+    lengths))``. ``[[1, 0, 0, 0]]`` (one token each): centred [.75, -.25, -.25, -.25], μ = 0, σ² = 0.75/3 = 0.25
+    → ``[[1.5, -0.5, -0.5, -0.5]]``.
+    """
+    return whiten_with_moments(group_mean_advantages(rewards), moments, std_eps)
+
+
+# reinforce_pp* take the global moments as well: the trainer computes them (all ranks) before calling them.
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -142,19 +213,96 @@ def reinforce_token_loss(logp: torch.Tensor, advantages: torch.Tensor) -> torch.
     return -advantages[:, None] * logp
 
 
+def _clipped_surrogate(ratio: torch.Tensor, a: torch.Tensor, low: float, high: float | None) -> torch.Tensor:
+    """``-min(ρ A, clip(ρ, 1 - low, 1 + high) A)``; ``high = None`` is the symmetric ``high = low``."""
+    return -torch.minimum(ratio * a, torch.clamp(ratio, 1.0 - low, 1.0 + (low if high is None else high)) * a)
+
+
+def _per_token(advantages: torch.Tensor) -> torch.Tensor:
+    return advantages if advantages.ndim == 2 else advantages[:, None]
+
+
 def clipped_ratio_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None,
-                             clip_eps: float = 0.2) -> torch.Tensor:
-    """GRPO/PPO: ``ℓ_it = -min(ρ_it A_i, clip(ρ_it, 1-ε, 1+ε) A_i)`` with ``ρ = exp(logp - old_logp)``.
+                             clip_eps: float = 0.2, clip_eps_high: float | None = None) -> torch.Tensor:
+    """GRPO/PPO: ``ℓ_it = -min(ρ_it A_i, clip(ρ_it, 1-ε, 1+ε_high) A_i)`` with ``ρ = exp(logp - old_logp)``;
+    ``clip_eps_high = None`` is the symmetric ``ε_high = ε``, DAPO's clip-higher sets ``ε = 0.2, ε_high = 0.28``.
 
     With ``old_logp = None`` the ratio is taken against ``logp.detach()`` (one update per rollout batch): its value
-    is 1, and its gradient is exactly GPG's ``-A ∇log π``.
+    is 1, and its gradient is exactly GPG's ``-A ∇log π``. DAPO, A = +1, ρ = 1.25: ``-1.25`` (symmetric 0.2:
+    ``-1.2``); A = -1, ρ = 0.75: ``0.8`` in both (the low side stays at 1 - 0.2).
     """
     old = logp.detach() if old_logp is None else old_logp
-    ratio = torch.exp(logp - old)
-    a = advantages[:, None]
-    return -torch.minimum(ratio * a, torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a)
+    return _clipped_surrogate(torch.exp(logp - old), _per_token(advantages), clip_eps, clip_eps_high)
 
 
+def _sequence_log_ratio(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[N, 1]``: ``(1/|o_i|) Σ_t (logp - old)`` over the valid tokens of each row."""
+    m = mask.to(logp.dtype)
+    return (((logp - old) * m).sum(dim=1) / m.sum(dim=1).clamp(min=1))[:, None]
+
+
+def gspo_sequence_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None, *,
+                             mask: torch.Tensor, clip_eps: float = 3e-4, clip_eps_high: float | None = 4e-4):
+    """GSPO (Zheng et al. 2025): the length-normalised sequence ratio ``s_i = exp((1/|o_i|) Σ_t (logp - old_logp))``,
+    clipped per sequence, ``ℓ_i = -min(s_i A_i, clip(s_i, 1-ε, 1+ε_high) A_i)`` (GSPO: ε = 3e-4, ε_high = 4e-4),
+    returned on every token of row i so that ``seq_mean_token_mean`` gives GSPO's ``(1/B) Σ_i ℓ_i``. ``mask`` is the
+    completion mask (the mean runs over valid tokens only).
+
+    Log ratios [0.001, 0.003]: s = e^0.002 = 1.002002; A = +1 → clipped to ``-1.0004``; A = -1 → ``1.002002``.
+    """
+    old = logp.detach() if old_logp is None else old_logp
+    ratio = torch.exp(_sequence_log_ratio(logp, old, mask))
+    return _clipped_surrogate(ratio, advantages[:, None], clip_eps, clip_eps_high).expand_as(logp)
+
+
+def gspo_token_level_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None, *,
+                                mask: torch.Tensor, clip_eps: float = 3e-4, clip_eps_high: float | None = 4e-4):
+    """GSPO-token: ``s_it = sg[s_i] · π(o_it) / sg[π(o_it)]`` (value s_i, gradient through its own token only), in the
+    clipped surrogate with per-token advantages ``A_it`` (``[N, T]``, or ``[N]`` for one per sequence). With
+    ``A_it = A_i`` its gradient equals GSPO's. Values as :func:`gspo_sequence_token_loss` (1.002002 → ``-1.0004``).
+    """
+    old = logp.detach() if old_logp is None else old_logp
+    log_s = _sequence_log_ratio(logp, old, mask).detach() + logp - logp.detach()
+    return _clipped_surrogate(torch.exp(log_s), _per_token(advantages), clip_eps, clip_eps_high)
+
+
+def cispo_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None,
+                     clip_eps_high: float | None = 4.0, cispo_eps_low: float | None = None) -> torch.Tensor:
+    """CISPO (MiniMax-M1): ``ℓ_it = -sg[clip(ρ_it, 1-ε_low, 1+ε_high)] · A_i · log π(o_it)``: the clipped ratio is a
+    stop-gradient weight, so clipped tokens still get REINFORCE's gradient. As TRL's ``loss_type="cispo"``
+    (``clamp(ρ, max=epsilon_high)``, recommended ``epsilon_high = 5.0``): no lower bound (``cispo_eps_low = None``) and
+    ``ε_high = 4.0``. With ``old_logp = None`` (ρ = 1) it is GPG's loss exactly.
+
+    π = 0.6, π_old = 0.1, A = 1: ρ = 6 → weight 5 → ``-5 log 0.6 = 2.55413``; ρ = 0.5 keeps weight 0.5.
+    """
+    if clip_eps_high is None:
+        raise ValueError("CISPO needs an upper bound on its weight: set clip_eps_high (4.0: TRL's epsilon_high = 5)")
+    old = logp.detach() if old_logp is None else old_logp
+    weight = torch.clamp(torch.exp(logp - old), None if cispo_eps_low is None else 1.0 - cispo_eps_low,
+                         1.0 + clip_eps_high).detach()
+    return -weight * _per_token(advantages) * logp
+
+
+# gspo* take the completion mask as well (keyword ``mask``): the trainer passes it with the log-probs.
+
+
+def overlong_penalty(lengths: torch.Tensor, max_len: int, cache_len: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (eq. 13), added to the reward: 0 while ``L <= L_max - L_cache``, then
+    ``((L_max - L_cache) - L) / L_cache`` (linear down to -1 at L_max), -1 beyond (DAPO: L_max = 20480, L_cache = 4096;
+    verl's overlong buffer with penalty_factor 1). L_max = 20, L_cache = 4: L = 16, 17, 20, 21 → ``0, -0.25, -1, -1``.
+    """
+    if not 0 < cache_len <= max_len:
+        raise ValueError(f"need 0 < cache_len <= max_len; got cache_len={cache_len}, max_len={max_len}")
+    exceed = lengths.double() - (max_len - cache_len)
+    return (-exceed / cache_len).clamp(min=-1.0, max=0.0)
+
+
+def overlong_filter_mask(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """DAPO's overlong filtering (TRL ``mask_truncated_completions``): the completion mask ``[N, T]`` with the rows of
+    truncated completions (``truncated [N]``: no EOS within max_new_tokens) cleared, so they add nothing to the loss
+    nor to the token counts of the denominator. ``[[1, 1], [1, 1]]``, truncated ``[False, True]`` → ``[[1, 1], [0, 0]]``.
+    """
+    return mask & ~truncated.to(torch.bool)[:, None]
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -106,10 +106,16 @@ ADVANTAGES = Registry("advantage", "mmgpg.advantages", {
     "group_mean": "mmgpg.algorithms:group_mean_advantages",
     "group_zscore": "mmgpg.algorithms:group_zscore_advantages",
     "group_stabilized": "mmgpg.algorithms:group_stabilized_advantages",
+    "rloo": "mmgpg.algorithms:rloo_advantages",
+    "reinforce_pp": "mmgpg.algorithms:reinforce_pp_advantages",
+    "reinforce_pp_baseline": "mmgpg.algorithms:reinforce_pp_baseline_advantages",
 })
 TOKEN_LOSSES = Registry("token loss", "mmgpg.token_losses", {
     "reinforce": "mmgpg.algorithms:reinforce_token_loss",
     "clipped_ratio": "mmgpg.algorithms:clipped_ratio_token_loss",
+    "cispo": "mmgpg.algorithms:cispo_token_loss",
+    "gspo": "mmgpg.algorithms:gspo_sequence_token_loss",
+    "gspo_token": "mmgpg.algorithms:gspo_token_level_token_loss",
 })
 KL_ESTIMATORS = Registry("KL estimator", "mmgpg.kl_estimators", {
     "k1": "mmgpg.algorithms:kl_k1", "k2": "mmgpg.algorithms:kl_k2", "k3": "mmgpg.algorithms:kl_k3",
