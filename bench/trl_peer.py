@@ -34,7 +34,7 @@ generation_kwargs={"suppress_tokens": <vision ids>}, learning_rate, lr_scheduler
 weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", max_steps=N, logging_steps=1, report_to="none",
 save_strategy="no", dataloader_num_workers=0, shuffle_dataset=False, seed=0, log_completions=False,
 disable_tqdm=True``; dataset rows are ``{"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text",
-"text": <question>}]}], "image": <PIL image>, "id": ...}`` (see ``shared/research/trl-cpu.md``). A
+"text": <question>}]}], "image": <PIL image>, "id": ...}`` (TRL fills the placeholder from ``image``). A
 ``TrainerCallback`` times each step: "full" is the interval between consecutive ``on_step_end`` calls (it includes
 fetching the batch and logging, like mmgpg's ``train_step``), "core" is ``on_step_begin`` -> ``on_step_end``. With
 beta 0, no scaling and one iteration this is A = r - group mean, no KL, ratio 1: GPG without alpha. TRL also computes
@@ -371,7 +371,7 @@ def summarize(a: argparse.Namespace, runs: list[tuple[str, dict, dict]], command
         "`on_step_end` callbacks (batch fetch, generation, rewards, forward, backward, clip, AdamW, logging). RSS is "
         "`ru_maxrss` in each child; growth = peak after training minus the peak after imports + model, data and "
         "trainer set-up. Noise: on this 2-core VM per-run medians move by about +-25 % from run to run in both "
-        "frameworks (shared/research/trl-cpu.md), so read the paired ratios and their range, not one run. "
+        "frameworks, even on an idle machine, so read the paired ratios and their range, not one run. "
         "Performance is measured here, never asserted in tests.",
         "",
     ]

@@ -1,6 +1,6 @@
 """``cv_bench``: spatial reasoning — train on SAT, evaluate on CV-Bench (the GPG paper's CV-Bench row, Qwen2-VL-2B base).
 
-Data (``shared/research/anchors-tasks.md`` §2):
+Data (``docs/anchors.md`` §2):
 
 * ``train`` — SAT as the anchors prepare it (``GPG:VisualThinker-R1-Zero/src/data/SAT/process_dataset.py``):
   ``SAT_train_15000.json``, a list of ``{"messages": [{"role": "user", "content": "<image> Answer in natural

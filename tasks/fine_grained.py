@@ -1,7 +1,7 @@
 """``fine_grained``: 4-shot fine-grained classification — Flower102, Pets37, FGVC-Aircraft, Cars196 (Qwen2-VL-2B).
 
 Choose the dataset with ``task.dataset=`` (``oxford_flowers``, ``pets``, ``fgvc_aircraft``, ``stanford_cars``).
-Data (``shared/research/anchors-tasks.md`` §4):
+Data (``docs/anchors.md`` §4):
 
 * ``train`` — the 4-shot hub datasets of Visual-RFT: ``laolao77/ViRFT_CLS_flower_4_shot`` (408 rows),
   ``laolao77/ViRFT_CLS_pets37_4shot`` (148), ``laolao77/ViRFT_CLS_fgvc_aircraft_4_shot`` (400),

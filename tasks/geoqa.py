@@ -1,6 +1,6 @@
 """``geoqa``: geometry questions with numeric answers (the GPG paper's GEOQA row, Qwen2.5-VL-3B-Instruct).
 
-Data (``shared/research/anchors-tasks.md`` §3):
+Data (``docs/anchors.md`` §3):
 
 * ``train`` — the hub dataset ``leonardPKU/GEOQA_R1V_Train_8K`` (about 8k rows: ``image``, ``problem``,
   ``solution``), or a local file/directory in that schema (``task.train_data=...``).

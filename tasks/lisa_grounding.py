@@ -1,7 +1,7 @@
 """``lisa_grounding``: reasoning grounding on LISA's ReasonSeg — answer with the box of the object an instruction
 describes (the GPG paper's LISA row: mIoU on test and val, gIoU on test; Qwen2-VL-2B-Instruct).
 
-Data (``shared/research/anchors-tasks.md`` §5): ReasonSeg as LISA distributes it (``ReasonSeg/{train,val,test}/``,
+Data (``docs/anchors.md`` §5): ReasonSeg as LISA distributes it (``ReasonSeg/{train,val,test}/``,
 one ``.json`` + ``.jpg`` per image; 239 / 200 / 779 images). Set ``task.data_root=/path/to/ReasonSeg``. The JSON
 is LabelMe-style (no ReasonSeg file was available offline: the field layout is LISA's, the values illustrative)::
 

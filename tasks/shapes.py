@@ -1,9 +1,12 @@
 """``shapes``: count the shapes in a procedurally drawn picture — an embedded, offline task.
 
 Each image has between ``min_shapes`` and ``max_shapes`` non-overlapping circles, squares and triangles in random
-colours on a background of the CLIP mean colour (123, 117, 104), which Qwen2-VL's normalisation maps to about zero
-(with a white background a tiny randomly initialised model was seen to ignore the image entirely; see
-``shared/research/env-feasibility.md`` §3). Image sizes vary between items so batches mix image shapes.
+colours on a background of the CLIP mean colour (123, 117, 104), which Qwen2-VL's normalisation maps to about zero. In
+the experiment that chose it (a 1 M-parameter tiny Qwen2-VL fine-tuned on CPU at lr 1e-3), a white background kept
+counting accuracy at chance for 10 minutes: the merged image embeddings were nearly identical across images and the
+answer probabilities did not depend on the number of shapes. Qwen2-VL's patch embedding has no bias, so on the mean
+colour the background patches embed to about zero; the same model then reached 83 % in 4 minutes. Image sizes vary
+between items so batches mix image shapes.
 
 A record (``split="train"``, index 0, seed 0) looks like::
 

@@ -3,7 +3,7 @@
 ``paper`` reproduces the anchor's evaluation script exactly, quirks included; ``strict`` answers the same question
 without the quirks. Each judge returns a :class:`Judgement`: ``correct`` (1.0/0.0, or the task's score such as a
 box IoU), ``extracted`` (the answer it read, ``""`` when none) and ``parse_failure`` (no answer could be read).
-Section numbers (§) refer to ``shared/research/anchors-tasks.md``.
+Section numbers (§) refer to ``docs/anchors.md``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 math-verify bounds its own work with ``signal.alarm``, which works only in a process's main thread. In any other
 thread (a reward computed in a thread pool, a DataLoader worker thread, a web server) math-verify 0.5.2 silently
-returns ``False`` and 0.9 raises (``shared/research/anchors-tasks.md`` §1.3). mmgpg therefore never calls math-verify
+returns ``False`` and 0.9 raises (``docs/anchors.md`` §1.3). mmgpg therefore never calls math-verify
 in the caller's process. Every call goes to one long-lived worker process per caller process, where math-verify runs
 in the worker's main thread with its own alarms (5 s per parse or verify, as in the anchors), so the judgements are
 the anchors' judgements. The parent adds a hard outer bound: a call that has not answered after ``timeout`` seconds

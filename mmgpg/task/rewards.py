@@ -11,7 +11,7 @@ Two families of rules live here, named after the protocols of the task judges:
 * ``strict`` — the same question answered without the quirks; the training rewards default to it, because the
   quirks are reward hacks (an empty ``<answer></answer>`` is "correct" for the anchors' classification reward).
 
-Sources are ``shared/research/anchors-tasks.md`` section numbers (§), which cite the anchor files and lines.
+Sources are ``docs/anchors.md`` section numbers (§), which cite the anchor files and lines.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The task plugins on fixtures in the anchors' schemas, the §7 judge probes, and `mmgpg eval --predictions`."""
+"""The task plugins on fixtures in the anchors' schemas, the judge probes of docs/anchors.md §7, and
+`mmgpg eval --predictions`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """configs/recipe/*.yaml, the GPG paper's multimodal rows: each resolves, names its anchor script and run command in
 its header, carries the anchor's hyper-parameters (an independent table below, copied from
-shared/research/anchors-tasks.md §2.5, §3.5, §4.5, §5.5), and gets the planner verdict its header states on the
+docs/anchors.md §2.5, §3.5, §4.5, §5.5), and gets the planner verdict its header states on the
 authors' hardware (2 GPUs; 80 GiB assumed, the anchors do not state the GPU)."""
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def test_box_math_by_hand():
     ("<answer>[120,450,790,990]</answer>", 0.0),
 ])
 def test_paper_box_reward_probes(completion, reward):
-    """The §5.3 probes (GT ``(123,456),(789,999)``), and the multi-box quirk computed by hand."""
+    """The docs/anchors.md §5.3 probes (GT ``(123,456),(789,999)``), and the multi-box quirk computed by hand."""
     assert paper_box_reward(completion, "(123,456),(789,999)") == pytest.approx(reward, abs=1e-4)
 
 
