@@ -109,6 +109,38 @@ def test_zero_gradient_equals_plain_and_reference(tiny_dirs, tmp_path, stage, al
     assert relative_error(rank0["grad"], want) < TOL
 
 
+def _full_weights_worker(rank: int, world: int, init_file: str, model_dir: str, out: str, stage: int) -> None:
+    ds_init(rank, world, init_file)
+    try:
+        trainer = make_trainer(model_dir, f"{out}/ds", "gpg", "train.backend=deepspeed", f"train.zero_stage={stage}")
+        weights = dict(trainer.backend.full_weights(torch.bfloat16))  # collective under ZeRO-3: every rank iterates
+        torch.save(weights, f"{out}/weights{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@needs_deepspeed
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_full_weights_are_the_whole_model_in_the_engine_dtype(tiny_dirs, tmp_path, stage):
+    """What a rollout engine with its own copy (vLLM) is synced with: under ZeRO-3 the parameters are empty
+    placeholders outside a gather, so full_weights must gather them (module by module); the result is every tensor
+    of the model's own state dict (tied weights once), full-sized, equal to the loaded weights, in the dtype asked."""
+    from transformers import AutoModelForImageTextToText
+
+    from mmgpg.models.save import unique_tensors
+
+    model_dir = str(tiny_dirs["qwen2_vl"])
+    spawn(_full_weights_worker, (2, str(tmp_path / "init"), model_dir, str(tmp_path), stage))
+    want = dict(unique_tensors(AutoModelForImageTextToText.from_pretrained(model_dir).state_dict(), torch.bfloat16))
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"weights{rank}.pt")
+        assert got.keys() == want.keys(), (stage, sorted(set(want) ^ set(got))[:5])
+        for k, v in want.items():
+            assert got[k].shape == v.shape and got[k].dtype == v.dtype, (k, got[k].shape, v.shape)
+            assert torch.equal(got[k], v), k
+
+
 def _nonfinite_worker(rank: int, world: int, init_file: str, model_dir: str, out: str, stage: int) -> None:
     from deepspeed.utils import safe_get_full_fp32_param
 
