@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from mmgpg.models import QWEN_VL_FAMILIES
 from mmgpg.task import Example, LazyExamples
 from mmgpg.task.data import DataNotFound, open_image
 from mmgpg.task.judged import JudgedTask, require
@@ -85,8 +86,8 @@ class LisaGroundingTask(JudgedTask):
     detection threshold (an mmgpg choice: the anchors define no binary success)."""
 
     def __post_init__(self):
-        if self.box_format not in ("qwen2_vl", "qwen2_5_vl"):
-            raise ValueError(f"box_format must be qwen2_vl or qwen2_5_vl; got {self.box_format!r}")
+        if self.box_format not in QWEN_VL_FAMILIES:
+            raise ValueError(f"box_format must be one of {', '.join(QWEN_VL_FAMILIES)}; got {self.box_format!r}")
         if not 0 < self.success_iou <= 1:
             raise ValueError(f"success_iou must be in (0, 1]; got {self.success_iou!r}")
         super().__post_init__()

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 # The model families mmgpg loads (a model's config.json `model_type`); the one list, read by loading, the tiny
 # builder, `mmgpg model tiny --family`, the planner and the tasks.
-QWEN_VL_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+QwenVLFamily = Literal["qwen2_vl", "qwen2_5_vl"]
+QWEN_VL_FAMILIES: tuple[str, ...] = get_args(QwenVLFamily)
 FAMILIES = QWEN_VL_FAMILIES
 # model.name_or_path=tiny (or tiny:<family>) builds a random tiny model offline (mmgpg.models.tiny)
 TINY_PREFIX = "tiny"

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from mmgpg.models import FAMILIES
+from mmgpg.models import FAMILIES, QwenVLFamily
 
-Family = Literal["qwen2_vl", "qwen2_5_vl"]
+Family = QwenVLFamily
 Size = Literal["tiny", "shape_true", "shape_true_7b"]
 SIZES: tuple[str, ...] = ("tiny", "shape_true", "shape_true_7b")
 
