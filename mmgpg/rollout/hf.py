@@ -7,7 +7,8 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from mmgpg.models import CompletionBatch, Policy
+from mmgpg.models import Policy
+from mmgpg.models.batch import CompletionBatch
 from mmgpg.rollout.engine import Sampling
 
 
