@@ -11,7 +11,7 @@ from mmgpg_tasks.fine_grained import class_names
 from PIL import Image
 
 from mmgpg.cli import main
-from mmgpg.evaluation.run import rescore
+from mmgpg.evaluation.predictions import rescore
 from mmgpg.task import build_task, task_rewards
 from mmgpg.task.judges import choice_judge, label_judge, math_judge
 
