@@ -347,6 +347,7 @@ def test_a_task_file_outside_the_repo_trains_and_evaluates(tmp_path):
 
 
 def test_lisa_evaluation_with_a_sam_checkpoint_reports_mask_metrics(tmp_path, tiny_dirs, tiny_sam_dir):
+    from mmgpg.config import resolve
     from mmgpg.evaluation.run import evaluate
     from mmgpg.models.load import load_policy
     from mmgpg.rollout.hf import HFEngine
@@ -355,7 +356,7 @@ def test_lisa_evaluation_with_a_sam_checkpoint_reports_mask_metrics(tmp_path, ti
     _reasonseg(tmp_path, "test", "c", [[10, 10], [60, 10], [60, 40], [10, 40]], ["the other"], size=(90, 70))
     policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", max_pixels=12544)
     task = build_task("lisa_grounding", {"data_root": str(tmp_path), "sam_checkpoint": str(tiny_sam_dir)})
-    metrics, records = evaluate(HFEngine(policy), task, list(task.load("test")), max_new_tokens=6)
+    metrics, records = evaluate(HFEngine(policy, resolve([]).config), task, list(task.load("test")), max_new_tokens=6)
     assert {"miou", "giou", "ciou", "parse_failures"} <= metrics.keys()
     assert 0.0 <= metrics["giou"] <= 1.0 and all("mask_iou" in r for r in records)
     assert metrics["giou"] == pytest.approx(sum(r["mask_iou"] for r in records) / 2)
