@@ -395,21 +395,23 @@ class Trainer:
             rundir.append_records(self.run_dir / rundir.SUCCESS, [rec for recs in everyone for rec in recs])
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy evaluation on ``train.eval_split`` (rank 0 evaluates, every rank gets the numbers)."""
-        from mmgpg.evaluation.run import evaluate, sampled_scores
+        """Greedy evaluation on ``train.eval_split`` (rank 0 evaluates, every rank gets the numbers); a bad row of
+        the split stops training or, under ``data.on_bad_row=skip``, is left out (as in ``mmgpg eval``)."""
+        from mmgpg.evaluation.run import run_evaluation, sampled_scores
 
         metrics = None
         with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
             if self.dist.is_main:
                 t, r = self.cfg.train, self.cfg.rollout
-                examples = first_items(self.task.load(t.eval_split), t.eval_limit)
                 # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
                 with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                    scores, _ = evaluate(self.engine, self.task, examples, max_new_tokens=r.max_new_tokens)
-                    metrics = {f"eval/{k}": v for k, v in scores.items()}
+                    report = run_evaluation(self.engine, self.task, t.eval_split, limit=t.eval_limit,
+                                            max_new_tokens=r.max_new_tokens, on_bad_row=self.cfg.data.on_bad_row,
+                                            checkpoint="live", engine_name=r.engine)
+                    metrics = {f"eval/{k}": v for k, v in report.metrics.items()}
                     if t.eval_samples:
                         torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
-                        sampled = sampled_scores(self.engine, self.task, examples, samples=t.eval_samples,
+                        sampled = sampled_scores(self.engine, self.task, report.examples, samples=t.eval_samples,
                                                  temperature=r.temperature, max_new_tokens=r.max_new_tokens)
                         metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
         return distributed.broadcast_object(metrics)
