@@ -154,7 +154,7 @@ def option_letter(answer: str) -> str:
 _CHOICE_LEAD = re.compile(r"^\(?([A-Fa-f])\)?(?:[.:)]|\s|$)")
 
 
-def _normas_text(text: str) -> str:
+def _norm_text(text: str) -> str:
     return " ".join(re.sub(r"[^0-9a-z]+", " ", as_text(text).lower()).split())
 
 
@@ -169,12 +169,12 @@ def strict_choice(answer: str | None, choices: Sequence[str], letter: str) -> tu
     lead = _CHOICE_LEAD.match(answer)
     if lead and lead.group(1).upper() in LETTERS[: len(choices)]:
         named.add(lead.group(1).upper())
-        rest = _normas_text(answer[lead.end() :])
-        if rest and rest != _normas_text(choices[LETTERS.index(lead.group(1).upper())]):
+        rest = _norm_text(answer[lead.end() :])
+        if rest and rest != _norm_text(choices[LETTERS.index(lead.group(1).upper())]):
             return False, ""  # "B. left" when B is "right": contradictory
-    norm = _normas_text(answer)
+    norm = _norm_text(answer)
     for i, option in enumerate(choices):
-        if norm and norm == _normas_text(option):
+        if norm and norm == _norm_text(option):
             named.add(LETTERS[i])
     if len(named) != 1:
         return False, ""
@@ -200,7 +200,7 @@ def paper_label_match(answer: str, label: str) -> float:
 def label_key(text: str) -> str:
     """``strict`` label key: lower case, every run of non-alphanumerics is one space (``"Pink_Primrose"`` →
     ``"pink primrose"``)."""
-    return _normas_text(text)
+    return _norm_text(text)
 
 
 def strict_label_match(answer: str | None, label: str) -> float:
@@ -336,7 +336,7 @@ def rescale_box(box: Sequence[float], src: Sequence[float], dst: Sequence[float]
     return (box[0] * dst[0] / src[0], box[1] * dst[1] / src[1], box[2] * dst[0] / src[0], box[3] * dst[1] / src[1])
 
 
-def boxas_text(box: Sequence[float]) -> str:
+def box_text(box: Sequence[float]) -> str:
     """A box as the anchors' answer string ``(x1,y1),(x2,y2)`` (integer coordinates)."""
     x1, y1, x2, y2 = (int(v) for v in box)
     return f"({x1},{y1}),({x2},{y2})"
