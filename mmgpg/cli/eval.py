@@ -37,10 +37,9 @@ def cmd_eval(args) -> int:
     import dataclasses
 
     from mmgpg.config import resolve
-    from mmgpg.evaluation.run import evaluate, read_predictions, rescore, write_evaluation
-    from mmgpg.models.load import resolve_device
+    from mmgpg.evaluation.predictions import rescore_predictions, write_report
     from mmgpg.rundir import make_run_dir
-    from mmgpg.task import build_task, good_items
+    from mmgpg.task import build_task
     from mmgpg.task.judges import check_protocol
 
     if bool(args.ckpt) == bool(args.predictions):
@@ -49,17 +48,10 @@ def cmd_eval(args) -> int:
     engine_args = [f"rollout.engine={args.engine}", f"rollout.max_new_tokens={args.max_new_tokens}"] if args.engine else []
     cfg = resolve([f"task={args.task}", *engine_args, *args.overrides], config_dirs=args.config_dir).config
     task = build_task(cfg.task.name, cfg.task.options)
-    counts: dict[str, int] = {}
     if args.predictions:
-        rows, lines, unreadable = read_predictions(args.predictions)
-        metrics, records, skipped = rescore(task, rows, args.protocol, lines=lines)
-        ordered = sorted([*zip(lines, records), *((u["line"], u) for u in unreadable)], key=lambda pair: pair[0])
-        records = [r for _, r in ordered]
-        skipped += len(unreadable)
-        total = len(rows) + len(unreadable)
-        counts.update(rows=total, evaluated=total - skipped, skipped=skipped)
-        source = {"predictions": str(Path(args.predictions).resolve())}
-        for r in [r for r in records if "skipped" in r][:5]:
+        report = rescore_predictions(task, args.predictions, args.protocol, split=args.split, limit=args.limit)
+        skipped, total = report.counts["skipped"], report.counts["rows"]
+        for r in [r for r in report.records if "skipped" in r][:5]:
             print(f"skipped {args.predictions}:{r['line']} (id {r['id']!r}): {r['skipped']}", file=sys.stderr)
         if skipped > 5:
             print(f"... and {skipped - 5} more skipped rows (see predictions.jsonl)", file=sys.stderr)
@@ -67,42 +59,36 @@ def cmd_eval(args) -> int:
             raise ValueError(f"{args.predictions}: none of its {total} rows could be judged (reasons above); fix the "
                              "file (docs/evaluation.md lists the fields each task needs)")
     else:
-        from mmgpg.models.load import load_policy_for
-        from mmgpg.rundir import latest_checkpoint
-
-        ckpt = args.ckpt
-        run_checkpoint = latest_checkpoint(Path(ckpt)) if Path(ckpt).is_dir() else None
-        if run_checkpoint is not None:  # a training run: its latest policy
-            ckpt = str(run_checkpoint / "policy")
-            print(f"evaluating {ckpt}")
-        from mmgpg.rollout import build_engine
-
-        policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=ckpt)
-        engine = build_engine(cfg.rollout.engine, policy, cfg)
-        split = task.load(args.split)
-        examples, bad_rows = good_items(split, args.limit, cfg.data.on_bad_row)
-        for row, reason in bad_rows.items():
-            print(f"skipped bad data row {row}: {reason}", file=sys.stderr)
-        try:
-            metrics, records = evaluate(engine, task, examples, batch_size=args.batch_size,
-                                        max_new_tokens=args.max_new_tokens, protocol=args.protocol)
-        finally:
-            engine.close()
-        records += [{"row": row, "skipped": reason} for row, reason in bad_rows.items()]
-        counts.update(evaluated=len(examples), skipped=len(bad_rows), available=len(split))
-        source = {"checkpoint": args.ckpt, "decoding": "greedy", "max_new_tokens": args.max_new_tokens,
-                  "engine": cfg.rollout.engine}
-    counts["parse_failures"] = int(sum(r.get("parse_failure", 0) for r in records if "skipped" not in r))
+        report = _evaluate_checkpoint(args, cfg, task)
     out = make_run_dir(args.output or "", "eval")
     config = {"task": {"name": task.name, **(dataclasses.asdict(task) if dataclasses.is_dataclass(task) else {})},
               "model": dataclasses.asdict(cfg.model)}
-    write_evaluation(out, metrics, records, {"task": task.name, "task_version": task.version, "protocol": args.protocol,
-                                             "split": args.split, "limit": args.limit, "counts": counts,
-                                             "config": config, **source})
-    print_metrics(metrics, f"{task.name} ({args.split}, protocol={args.protocol}, {counts['evaluated']} items"
-                   + (f", {counts['skipped']} skipped" if counts.get("skipped") else "") + ")")
+    write_report(out, report, config)
+    print_metrics(report.metrics, report.title())
     print(f"wrote {out / 'predictions.jsonl'} and {out / 'metrics.json'}")
     return 0
+
+
+def _evaluate_checkpoint(args, cfg, task):
+    """Load ``--ckpt`` (a training run directory: its latest policy) into the rollout engine and evaluate it."""
+    from mmgpg.evaluation.run import run_evaluation
+    from mmgpg.models.load import load_policy_for, resolve_device
+    from mmgpg.rollout import build_engine
+    from mmgpg.rundir import latest_checkpoint
+
+    ckpt = args.ckpt
+    run_checkpoint = latest_checkpoint(Path(ckpt)) if Path(ckpt).is_dir() else None
+    if run_checkpoint is not None:  # a training run: its latest policy
+        ckpt = str(run_checkpoint / "policy")
+        print(f"evaluating {ckpt}")
+    policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=ckpt)
+    engine = build_engine(cfg.rollout.engine, policy, cfg)
+    try:
+        return run_evaluation(engine, task, args.split, limit=args.limit, protocol=args.protocol,
+                              max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                              on_bad_row=cfg.data.on_bad_row, checkpoint=args.ckpt, engine_name=cfg.rollout.engine)
+    finally:
+        engine.close()
 
 
 def print_metrics(metrics: dict[str, float], title: str) -> None:

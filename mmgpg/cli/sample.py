@@ -27,11 +27,9 @@ def cmd_sample(args) -> int:
     from rich.table import Table
 
     from mmgpg.config import save_config
-    from mmgpg.models.batch import CompletionBatch
     from mmgpg.models.load import load_policy_for, resolve_device
-    from mmgpg.models.logprobs import pad_completions
     from mmgpg.rollout import Sampling, build_engine
-    from mmgpg.rollout.collect import sample_groups
+    from mmgpg.rollout.collect import collate_groups, group_logprobs, sample_groups
     from mmgpg.rundir import make_run_dir
     from mmgpg.task import build_task
     from mmgpg.utils import console as make_console
@@ -60,13 +58,9 @@ def cmd_sample(args) -> int:
                                zero_variance_tol=cfg.algo.zero_variance_tol)
     timings["rollout"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    prompts = groups[0].prompts or policy.encode_prompts([task.prompt(ex) for ex in examples])
-    batch = CompletionBatch(prompts, r.group_size,
-                            *pad_completions([c for g in groups for c in g.completion_ids], policy.pad_token_id))
+    batch = collate_groups(policy, task, groups, r.group_size)
     with torch.no_grad():
-        logprobs = policy.completion_logprobs(batch, chunk_size=cfg.model.logprob_chunk_size,
-                                              temperature=r.temperature,
-                                              encode_images_once=cfg.model.encode_images_once)
+        logprobs = group_logprobs(policy, batch, cfg.model, r)
     timings["logprobs"] = time.perf_counter() - t0
 
     records = []

@@ -6,21 +6,23 @@ Training rewards and evaluation share one implementation: a task's ``rewards`` a
 its :meth:`~mmgpg.task.Task.metrics` adds more). A task with a :meth:`~mmgpg.task.Task.judge` is scored by it (the
 anchors' evaluation rule under ``protocol="paper"``); :meth:`~mmgpg.task.Task.aggregate` turns the judged records
 into the reported metrics (the mean of each reward for a task without a judge).
+
+:func:`run_evaluation` is the one evaluation of a policy on a task split that ``mmgpg eval``, the trainer and SFT
+call: the split's first items under ``data.on_bad_row``, judged, as an :class:`EvalReport`. Re-judging existing
+outputs without a model, and writing a report, are :mod:`mmgpg.evaluation.predictions`.
 """
 
 from __future__ import annotations
 
-import json
-import time
+import sys
 from collections.abc import Sequence
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from mmgpg.jsonl import finite_json
 from mmgpg.rollout import RolloutEngine, Sampling
-from mmgpg.task import Example, Task
+from mmgpg.task import Example, Task, good_items
 from mmgpg.task.judges import Judgement
 
 
@@ -95,97 +97,62 @@ def evaluate(engine: RolloutEngine, task: Task, examples: Sequence[Example], *, 
     return metrics, records
 
 
-def rescore(task: Task, rows: Sequence[dict[str, Any]], protocol: str, *,
-            lines: Sequence[int] | None = None) -> tuple[dict[str, float], list[dict], int]:
-    """Judge existing outputs without a model: each row needs ``id``, ``model_output`` and the fields of the task's
-    ``example_from_record`` (``ground_truth``, and e.g. ``choices``/``category`` for CV-Bench). A row that cannot be
-    judged (wrong types, a judge that fails on it, ...) is skipped and counted, never dropped silently: its record
-    holds the line, the id and the reason (``skipped``). ``lines`` are the rows' line numbers in the file."""
-    if not task.overrides("example_from_record"):
-        raise ValueError(f"task {task.name!r} cannot re-score predictions: it has no example_from_record(record)")
-    records, skipped = [], 0
-    for number, row in zip(lines or range(1, len(rows) + 1), rows):
-        try:
-            problem = prediction_row_problem(row, task)
-            if problem:
-                raise ValueError(problem)
-            example = task.example_from_record(row)
-            judged = judge_output(task, row["model_output"], example, protocol)
-        except Exception as err:  # noqa: BLE001 - a task's parser or judge failing on one row skips that row only
-            skipped += 1
-            reason = str(err) if isinstance(err, ValueError) else f"the judge failed: {type(err).__name__}: {err}"
-            records.append({"line": number, "id": row.get("id") if isinstance(row, dict) else None, "skipped": reason})
-            continue
-        records.append({**row, **judged})
-    judged_records = [r for r in records if "skipped" not in r]
-    metrics = judged_metrics(task, judged_records)
-    metrics["num_samples"] = float(len(judged_records))
-    return metrics, records, skipped
+@dataclass(frozen=True)
+class EvalReport:
+    """One evaluation of outputs on a task split: what ``metrics.json`` and ``predictions.jsonl`` hold
+    (:func:`mmgpg.evaluation.predictions.write_report`).
+
+    ``records`` are the rows of ``predictions.jsonl`` in order: one judged record per evaluated item, then one
+    ``{"row", "skipped"}`` record per bad data row (a re-judged file: its rows in line order, a row that could not
+    be judged as ``{"line", "id", "skipped"}``). ``counts``: ``evaluated``, ``skipped``, ``available`` (the split's
+    size) and ``parse_failures`` (a re-judged file: ``rows`` instead of ``available``). ``source``: what produced the
+    outputs (``checkpoint``, ``decoding``, ``max_new_tokens``, ``engine``; or ``predictions``, the file)."""
+
+    task: str
+    task_version: str
+    protocol: str
+    split: str
+    limit: int | None
+    metrics: dict[str, float]
+    records: list[dict[str, Any]]
+    counts: dict[str, int]
+    source: dict[str, Any]
+    examples: list[Example] = field(default_factory=list, repr=False, compare=False)
+    """The evaluated items (none for a re-judged file), for another pass on the same items (:func:`sampled_scores`)."""
+
+    @property
+    def judged(self) -> list[dict[str, Any]]:
+        """The judged records (the skipped rows left out)."""
+        return [r for r in self.records if "skipped" not in r]
+
+    def title(self) -> str:
+        """The line above the printed metrics table."""
+        skipped = self.counts.get("skipped")
+        return (f"{self.task} ({self.split}, protocol={self.protocol}, {self.counts['evaluated']} items"
+                + (f", {skipped} skipped" if skipped else "") + ")")
 
 
-_SCALAR = (str, int, float)
+def parse_failures(records: Sequence[dict[str, Any]]) -> int:
+    """How many judged records (the skipped rows left out) the judge could not read an answer from."""
+    return int(sum(r.get("parse_failure", 0) for r in records if "skipped" not in r))
 
 
-def prediction_row_problem(row: Any, task: Task) -> str:
-    """Why a predictions row cannot be judged, or ``""``: the generic type checks every task relies on."""
-    import math
+def run_evaluation(engine: RolloutEngine, task: Task, split: str, *, limit: int | None, protocol: str = "paper",
+                   max_new_tokens: int, batch_size: int = 32, on_bad_row: str = "error", checkpoint: str,
+                   engine_name: str) -> EvalReport:
+    """Greedy-decode the first ``limit`` items of ``split`` (all when None or <= 0) and judge them under ``protocol``.
 
-    if not isinstance(row, dict):
-        return f"a row must be a JSON object; got {type(row).__name__}"
-    output = row.get("model_output", None)
-    if "model_output" not in row or output is None:
-        return "model_output is missing or null"
-    if not isinstance(output, str):
-        return f"model_output must be a string; got {type(output).__name__}"
-    if not isinstance(row.get("id"), (str, int)) or isinstance(row.get("id"), bool):
-        return "id must be a string or an integer"
-    gold = row.get("ground_truth")
-    golds = gold if isinstance(gold, list) else [gold]
-    if gold is not None and not all(isinstance(g, _SCALAR) and not isinstance(g, bool) for g in golds):
-        return "ground_truth must be a string, a number or a list of numbers; got a nested object"
-    if any(isinstance(g, float) and not math.isfinite(g) for g in golds):
-        return "ground_truth is not a finite number"
-    if "question" in row and not isinstance(row["question"], str):
-        return f"question must be a string; got {type(row['question']).__name__}"
-    if "choices" in row and not (isinstance(row["choices"], list) and all(isinstance(c, str) for c in row["choices"])):
-        return f"choices must be a list of strings; got {type(row['choices']).__name__}"
-    known = tuple(task.categories)
-    if "category" in row and (not isinstance(row["category"], str) or (known and row["category"] not in known)):
-        return f"unknown category {row['category']!r}; {task.name} has " + ", ".join(known or ("text categories",))
-    for key in ("width", "height"):
-        if key in row and not (isinstance(row[key], int) and not isinstance(row[key], bool) and row[key] > 0):
-            return f"{key} must be a positive integer (pixels); got {row[key]!r}"
-    return ""
-
-
-def read_predictions(path: str | Path) -> tuple[list[Any], list[int], list[dict[str, Any]]]:
-    """``(rows, their line numbers, skip records)`` of a predictions file. Lines that are not strict JSON (bad
-    syntax, NaN/Infinity, not UTF-8) become skip records; an empty file and duplicate ids are errors."""
-    from mmgpg.jsonl import read_jsonl
-
-    read = read_jsonl(path, on_error="skip", strict=True)
-    skips = [{"line": n, "id": None, "skipped": reason} for n, reason in read.skipped]
-    if not read.rows and not skips:
-        raise ValueError(f"{path} holds no predictions (the file is empty); give a JSONL file with one object per line")
-    seen: dict[Any, list[int]] = {}
-    for number, row in zip(read.lines, read.rows):
-        if isinstance(row, dict) and isinstance(row.get("id"), (str, int)):
-            seen.setdefault(str(row["id"]), []).append(number)
-    dupes = {k: v for k, v in seen.items() if len(v) > 1}
-    if dupes:
-        shown = "; ".join(f"{k!r} at lines {', '.join(map(str, v))}" for k, v in list(dupes.items())[:3])
-        raise ValueError(f"{path}: {len(dupes)} id(s) appear more than once ({shown}); each item must be judged "
-                         "once: remove the duplicate rows")
-    return read.rows, read.lines, skips
-
-
-def write_evaluation(output: str | Path, metrics: dict[str, float], records: list[dict[str, Any]],
-                     meta: dict[str, Any]) -> None:
-    """``predictions.jsonl`` (one object per sample) and ``metrics.json`` (metrics + how they were made)."""
-    output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    with open(output / "predictions.jsonl", "w") as f:
-        for r in records:  # strict JSON: a non-finite number is written as null
-            f.write(json.dumps(finite_json(r), default=str, allow_nan=False) + "\n")
-    payload = {"metrics": metrics, **meta, "written": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (output / "metrics.json").write_text(json.dumps(finite_json(payload), indent=2, default=str, allow_nan=False) + "\n")
+    A bad data row raises (``on_bad_row="error"``) or, under ``"skip"``, is left out, warned about on stderr and
+    recorded (:func:`mmgpg.task.good_items`). ``checkpoint`` and ``engine_name`` say where the outputs came from
+    (the report's ``source``). The engine stays open: it is the caller's."""
+    items = task.load(split)
+    examples, bad_rows = good_items(items, limit, on_bad_row)
+    for row, reason in bad_rows.items():
+        print(f"skipped bad data row {row}: {reason}", file=sys.stderr, flush=True)
+    metrics, records = evaluate(engine, task, examples, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                                protocol=protocol)
+    records += [{"row": row, "skipped": reason} for row, reason in bad_rows.items()]
+    counts = {"evaluated": len(examples), "skipped": len(bad_rows), "available": len(items),
+              "parse_failures": parse_failures(records)}
+    source = {"checkpoint": checkpoint, "decoding": "greedy", "max_new_tokens": max_new_tokens, "engine": engine_name}
+    return EvalReport(task.name, task.version, protocol, split, limit, metrics, records, counts, source, examples)

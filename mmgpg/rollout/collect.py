@@ -1,7 +1,9 @@
 """Sampling scored groups (the one encode → generate → score path) and the β_th collection loop.
 
 :func:`sample_groups` is what training, evaluation and ``mmgpg sample`` call: the engine generates ``G`` completions
-per prompt and the task's rewards (and binary success) score each one.
+per prompt and the task's rewards (and binary success) score each one. :func:`collate_groups` puts groups back into
+one :class:`~mmgpg.models.batch.CompletionBatch` and :func:`group_logprobs` scores its completion tokens: the update
+and ``mmgpg sample`` compute log-probs through these two.
 
 :func:`collect_groups` samples until the update's valid fraction reaches ``min_valid_fraction``.
 
@@ -15,13 +17,18 @@ groups beyond ``per_rank`` are dropped and counted.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from mmgpg import algorithms, distributed
+from mmgpg.models import Policy
 from mmgpg.models.batch import CompletionBatch, PromptBatch
+from mmgpg.models.logprobs import pad_completions
 from mmgpg.rollout.engine import RolloutEngine, Sampling
 from mmgpg.task import Example, task_rewards, task_success
 
@@ -84,6 +91,32 @@ def sample_groups(engine: RolloutEngine, task, examples: Sequence[Example], grou
     out = engine.generate([task.prompt(ex) for ex in examples], group_size, sampling)
     return [score_group(task, ex, out, p, attempt=attempt, zero_variance_tol=zero_variance_tol)
             for p, ex in enumerate(examples)]
+
+
+def collate_groups(policy: Policy, task, groups: Sequence[Group], group_size: int) -> CompletionBatch:
+    """The groups' prompts (reused from the rollout's encoding when the engine made one) and completions as one
+    batch, with the engine's sampled log-probs when every group has them (for the post-sync check)."""
+    if all(g.prompts is not None for g in groups):
+        batch = policy.gather_prompts([(g.prompts, g.prompt_index) for g in groups])
+    else:
+        batch = policy.encode_prompts([task.prompt(g.example) for g in groups])
+    ids, mask = pad_completions([ids for g in groups for ids in g.completion_ids], policy.pad_token_id)
+    sampled = None
+    if all(g.sampled_logprobs is not None for g in groups):
+        sampled = torch.zeros(ids.shape, dtype=torch.float32)
+        for i, lp in enumerate(lp for g in groups for lp in g.sampled_logprobs):
+            sampled[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+    return CompletionBatch(batch, group_size, ids, mask, sampled_logprobs=sampled)
+
+
+def group_logprobs(policy: Policy, batch: CompletionBatch, model: Any, rollout: Any,
+                   autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> torch.Tensor:
+    """Per-token log-probs ``[rows, T]`` of ``batch``'s completions as a training step computes them: at the
+    sampling temperature (``rollout.temperature``), in chunks of ``model.logprob_chunk_size`` tokens, images encoded
+    once per prompt under ``model.encode_images_once`` (``model``, ``rollout``: the config's sections)."""
+    with autocast():
+        return policy.completion_logprobs(batch, chunk_size=model.logprob_chunk_size, temperature=rollout.temperature,
+                                          encode_images_once=model.encode_images_once)
 
 
 @dataclass(frozen=True)

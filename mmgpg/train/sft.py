@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Resolved, save_config
-from mmgpg.evaluation.run import evaluate
+from mmgpg.evaluation.run import run_evaluation
 from mmgpg.models import Policy, lora
 from mmgpg.models.batch import CompletionBatch
 from mmgpg.models.load import load_for_training
@@ -25,7 +25,7 @@ from mmgpg.rollout import build_engine
 
 # torch.optim.AdamW's default weight decay, which mmgpg sft has always used (its demo numbers depend on it).
 from mmgpg.rundir import run_dir_path
-from mmgpg.task import Example, SkipBadRows, Task, build_task, first_items
+from mmgpg.task import Example, SkipBadRows, Task, build_task
 from mmgpg.train import resume
 from mmgpg.train.runlog import RunLog
 from mmgpg.train.stream import PromptStream
@@ -64,7 +64,6 @@ class SFTTrainer:
                                              checkpoint)
         self.task = build_task(cfg.task.name, cfg.task.options)
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
-        self.eval_examples = first_items(self.task.load(cfg.train.eval_split), cfg.train.eval_limit)
         self.stream = PromptStream(len(self.dataset), cfg.seed)
         self.backend.prepare(self.policy.model, self._optimizer_settings())
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast,
@@ -84,12 +83,15 @@ class SFTTrainer:
                                  total_steps=s.max_steps)
 
     def evaluate(self) -> dict[str, float]:
+        """Greedy evaluation on ``train.eval_split`` (its first ``train.eval_limit`` items under ``data.on_bad_row``)."""
+        cfg = self.cfg
         if self.engine.owns_weights:  # an engine with its own copy (vLLM) evaluates the current weights
             self.engine.sync_weights(self.backend.full_weights(self.engine.weights_dtype))
         with self.backend.generation_context():  # ZeRO-3: the weights gathered once, not per token
-            metrics, _ = evaluate(self.engine, self.task, self.eval_examples,
-                                  max_new_tokens=self.cfg.rollout.max_new_tokens)
-        return {f"eval/{k}": v for k, v in metrics.items()}
+            report = run_evaluation(self.engine, self.task, cfg.train.eval_split, limit=cfg.train.eval_limit,
+                                    max_new_tokens=cfg.rollout.max_new_tokens, on_bad_row=cfg.data.on_bad_row,
+                                    checkpoint="live", engine_name=cfg.rollout.engine)
+        return {f"eval/{k}": v for k, v in report.metrics.items()}
 
     def save(self) -> Path:
         return resume.save_run_state(self.run_dir, self.step, self.policy, self.backend, self.stream,

@@ -29,10 +29,9 @@ from mmgpg.config import Config, Resolved, save_config
 from mmgpg.models import Policy, lora
 from mmgpg.models.batch import CompletionBatch
 from mmgpg.models.load import load_for_training, load_policy_for
-from mmgpg.models.logprobs import pad_completions
 from mmgpg.rollout import Sampling, build_engine
 from mmgpg.rollout.check import LogprobDiff, check_logprob_diff
-from mmgpg.rollout.collect import Collected, Group, collect_groups, sample_groups
+from mmgpg.rollout.collect import Collected, Group, collate_groups, collect_groups, group_logprobs, sample_groups
 from mmgpg.rundir import SuccessRecord, run_dir_path
 from mmgpg.task import SkipBadRows, build_task, first_items
 from mmgpg.train import resume
@@ -191,24 +190,10 @@ class Trainer:
     # ---- phase 3: update ------------------------------------------------------------------------------------------
 
     def _collate(self, groups: list[Group]) -> CompletionBatch:
-        """The groups' prompts (reused from the rollout's encoding when the engine made one) and completions."""
-        if all(g.prompts is not None for g in groups):
-            batch = self.policy.gather_prompts([(g.prompts, g.prompt_index) for g in groups])
-        else:
-            batch = self.policy.encode_prompts([self.task.prompt(g.example) for g in groups])
-        ids, mask = pad_completions([ids for g in groups for ids in g.completion_ids], self.policy.pad_token_id)
-        sampled = None
-        if all(g.sampled_logprobs is not None for g in groups):  # the engine's log-probs, for the post-sync check
-            sampled = torch.zeros(ids.shape, dtype=torch.float32)
-            for i, lp in enumerate(lp for g in groups for lp in g.sampled_logprobs):
-                sampled[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
-        return CompletionBatch(batch, self.cfg.rollout.group_size, ids, mask, sampled_logprobs=sampled)
+        return collate_groups(self.policy, self.task, groups, self.cfg.rollout.group_size)
 
     def _logprobs(self, policy: Policy, rollout: CompletionBatch) -> torch.Tensor:
-        m, r = self.cfg.model, self.cfg.rollout
-        with self.backend.autocast():
-            return policy.completion_logprobs(rollout, chunk_size=m.logprob_chunk_size, temperature=r.temperature,
-                                              encode_images_once=m.encode_images_once)
+        return group_logprobs(policy, rollout, self.cfg.model, self.cfg.rollout, self.backend.autocast)
 
     def _micro_batches(self, groups: list[Group]) -> list[tuple[CompletionBatch, torch.Tensor, float]]:
         """The forwarded groups (zero-variance ones only when a KL term needs them) as micro-batches of
@@ -395,21 +380,23 @@ class Trainer:
             rundir.append_records(self.run_dir / rundir.SUCCESS, [rec for recs in everyone for rec in recs])
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy evaluation on ``train.eval_split`` (rank 0 evaluates, every rank gets the numbers)."""
-        from mmgpg.evaluation.run import evaluate, sampled_scores
+        """Greedy evaluation on ``train.eval_split`` (rank 0 evaluates, every rank gets the numbers); a bad row of
+        the split stops training or, under ``data.on_bad_row=skip``, is left out (as in ``mmgpg eval``)."""
+        from mmgpg.evaluation.run import run_evaluation, sampled_scores
 
         metrics = None
         with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
             if self.dist.is_main:
                 t, r = self.cfg.train, self.cfg.rollout
-                examples = first_items(self.task.load(t.eval_split), t.eval_limit)
                 # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
                 with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                    scores, _ = evaluate(self.engine, self.task, examples, max_new_tokens=r.max_new_tokens)
-                    metrics = {f"eval/{k}": v for k, v in scores.items()}
+                    report = run_evaluation(self.engine, self.task, t.eval_split, limit=t.eval_limit,
+                                            max_new_tokens=r.max_new_tokens, on_bad_row=self.cfg.data.on_bad_row,
+                                            checkpoint="live", engine_name=r.engine)
+                    metrics = {f"eval/{k}": v for k, v in report.metrics.items()}
                     if t.eval_samples:
                         torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
-                        sampled = sampled_scores(self.engine, self.task, examples, samples=t.eval_samples,
+                        sampled = sampled_scores(self.engine, self.task, report.examples, samples=t.eval_samples,
                                                  temperature=r.temperature, max_new_tokens=r.max_new_tokens)
                         metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
         return distributed.broadcast_object(metrics)

@@ -128,3 +128,64 @@ def test_train_stops_with_one_message_or_skips_and_counts(tmp_path):
     assert f"{data}:6" in proc.stderr and "skipped bad data row" in proc.stderr
     metrics = [json.loads(x) for x in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
     assert steps(tmp_path / "skip") == [1, 2] and metrics[-1]["data/skipped_rows"] == 1
+
+
+@pytest.fixture
+def geoqa_eval_split(tmp_path):
+    """GEOQA files for a run: 4 good training rows, and a 5-row test split whose row 2 (line 3) is a damaged image.
+    Returns (task options, the test file)."""
+    good, broken = _png(tmp_path / "good.png"), _png(tmp_path / "broken.png", (64, 64))
+    broken.write_bytes(broken.read_bytes()[:60])
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"image": str(good), "problem": f"Find x{i}.",
+                                         "solution": "<answer> 65 </answer>"}) + "\n" for i in range(4)))
+    rows = [{"image_path": str(broken if i == 2 else good), "question": f"Find y{i}.", "ground_truth": "65°"}
+            for i in range(5)]
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"train_data": str(train), "test_data": str(test)}, test
+
+
+def test_evaluation_leaves_out_a_bad_row_under_skip_and_stops_on_it_otherwise(geoqa_eval_split, tiny_dirs, capsys):
+    from mmgpg.config import resolve
+    from mmgpg.evaluation.run import run_evaluation
+    from mmgpg.models.load import load_policy
+    from mmgpg.rollout.hf import HFEngine
+
+    options, test = geoqa_eval_split
+    task = build_task("geoqa", options)
+    policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
+    engine = HFEngine(policy, resolve([]).config)
+    kwargs = {"limit": None, "max_new_tokens": 4, "batch_size": 2, "checkpoint": "tiny", "engine_name": "hf"}
+    report = run_evaluation(engine, task, "test", on_bad_row="skip", **kwargs)
+    assert [r["id"] for r in report.judged] == [f"geoqa-test-{i}" for i in (0, 1, 3, 4)]
+    assert [ex.id for ex in report.examples] == [r["id"] for r in report.judged]
+    assert report.records[-1]["row"] == 2 and report.records[-1]["skipped"].startswith(f"{test}:3: ")
+    assert report.counts == {"evaluated": 4, "skipped": 1, "available": 5,
+                             "parse_failures": sum(r["parse_failure"] for r in report.judged)}
+    assert report.metrics["num_samples"] == 4 and report.title() == "geoqa (test, protocol=paper, 4 items, 1 skipped)"
+    assert f"skipped bad data row 2: {test}:3: " in capsys.readouterr().err
+    with pytest.raises(DataError, match=f"{test}:3: GEOQA test image .*damaged image"):
+        run_evaluation(engine, task, "test", on_bad_row="error", **kwargs)
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_training_evaluation_skips_a_bad_eval_row_or_stops_with_its_line(geoqa_eval_split, tmp_path, command):
+    """The eval split's bad row: left out of train.eval_* under data.on_bad_row=skip, a stop naming it otherwise."""
+    from mmgpg.config import resolve
+    from mmgpg.train.sft import SFTTrainer
+    from mmgpg.train.trainer import Trainer
+
+    options, test = geoqa_eval_split
+    args = ["model=tiny", "task=geoqa", *(f"task.{k}={v}" for k, v in options.items()), "rollout.group_size=2",
+            "rollout.max_new_tokens=4", "train.prompts_per_step=2", "train.max_steps=1", "train.eval_every=1",
+            "train.eval_limit=0", "train.progress=false", "train.tensorboard=false", "sft.max_steps=1",
+            "sft.batch_size=2", "algo.min_valid_fraction=0"]
+    make = Trainer if command == "train" else SFTTrainer
+    run = make(resolve([*args, "data.on_bad_row=skip"]), run_dir=tmp_path / "skip")
+    run.train()
+    logged = [json.loads(x) for x in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()]
+    evals = [m for m in logged if "eval/num_samples" in m]
+    assert evals and all(m["eval/num_samples"] == 4 and "eval/accuracy" in m for m in evals)
+    with pytest.raises(DataError, match=f"{test}:3: GEOQA test image"):
+        make(resolve(args), run_dir=tmp_path / "stop").train()

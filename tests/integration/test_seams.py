@@ -30,6 +30,43 @@ def test_gather_prompts_equals_encoding_the_same_conversations(tiny_dirs):
         assert got.images_per_prompt == want.images_per_prompt and got.texts == want.texts
 
 
+def test_sampled_groups_are_scored_as_the_update_scores_them(tiny_dirs):
+    """collate_groups + group_logprobs (the update's and `mmgpg sample`'s one scoring path): groups that reuse the
+    rollout's encoding score exactly as re-encoded ones, any subset of groups gets its own prompts' rows, and the
+    sampling temperature is applied."""
+    import dataclasses
+
+    from mmgpg.config import resolve
+    from mmgpg.rollout import Sampling
+    from mmgpg.rollout.collect import collate_groups, group_logprobs, sample_groups
+    from mmgpg.rollout.hf import HFEngine
+    from mmgpg.task import build_task
+
+    cfg = resolve(["model=tiny", "task=shapes", "rollout.group_size=2", "rollout.max_new_tokens=6",
+                   "rollout.temperature=0.7"]).config
+    policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544)
+    task = build_task("shapes")
+    torch.manual_seed(0)
+    groups = sample_groups(HFEngine(policy, cfg), task, list(task.load("train")[:3]), 2, Sampling.from_config(cfg.rollout))
+    with torch.no_grad():
+        batch = collate_groups(policy, task, groups, 2)
+        whole = group_logprobs(policy, batch, cfg.model, cfg.rollout)
+        assert [batch.completion_ids[i, : int(batch.completion_mask[i].sum())].tolist() for i in range(6)] == \
+            [ids for g in groups for ids in g.completion_ids]
+        encoded = [dataclasses.replace(g, prompts=None) for g in groups]
+        torch.testing.assert_close(group_logprobs(policy, collate_groups(policy, task, encoded, 2), cfg.model,
+                                                  cfg.rollout), whole, atol=1e-5, rtol=0)
+        for picked in ([2], [1, 0]):
+            part = group_logprobs(policy, collate_groups(policy, task, [groups[p] for p in picked], 2), cfg.model,
+                                  cfg.rollout)
+            for k, p in enumerate(picked):
+                for j in range(2):
+                    n = len(groups[p].completion_ids[j])
+                    torch.testing.assert_close(part[2 * k + j, :n], whole[2 * p + j, :n], atol=1e-5, rtol=0)
+        hot = group_logprobs(policy, batch, cfg.model, dataclasses.replace(cfg.rollout, temperature=1.0))
+        assert (hot - whole).abs().max() > 1e-3
+
+
 def test_an_engine_backend_and_advantage_registered_from_a_plugin_drive_training(tmp_path):
     """tests/support/seam_plugin.py registers through the public registries (no edit of mmgpg, no monkeypatching); the
     config accepts the new names and the trainer uses all three."""

@@ -12,7 +12,7 @@ from mmgpg_tasks.fine_grained import class_names
 from PIL import Image
 
 from mmgpg.cli import main
-from mmgpg.evaluation.run import rescore
+from mmgpg.evaluation.predictions import rescore
 from mmgpg.task import build_task, task_rewards
 from mmgpg.task.judges import choice_judge, label_judge, math_judge
 
@@ -348,6 +348,7 @@ def test_a_task_file_outside_the_repo_trains_and_evaluates(tmp_path):
 
 
 def test_lisa_evaluation_with_a_sam_checkpoint_reports_mask_metrics(tmp_path, tiny_dirs, tiny_sam_dir):
+    from mmgpg.config import resolve
     from mmgpg.evaluation.run import evaluate
     from mmgpg.models.load import load_policy
     from mmgpg.rollout.hf import HFEngine
@@ -356,7 +357,7 @@ def test_lisa_evaluation_with_a_sam_checkpoint_reports_mask_metrics(tmp_path, ti
     _reasonseg(tmp_path, "test", "c", [[10, 10], [60, 10], [60, 40], [10, 40]], ["the other"], size=(90, 70))
     policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", max_pixels=12544)
     task = build_task("lisa_grounding", {"data_root": str(tmp_path), "sam_checkpoint": str(tiny_sam_dir)})
-    metrics, records = evaluate(HFEngine(policy), task, list(task.load("test")), max_new_tokens=6)
+    metrics, records = evaluate(HFEngine(policy, resolve([]).config), task, list(task.load("test")), max_new_tokens=6)
     assert {"miou", "giou", "ciou", "parse_failures"} <= metrics.keys()
     assert 0.0 <= metrics["giou"] <= 1.0 and all("mask_iou" in r for r in records)
     assert metrics["giou"] == pytest.approx(sum(r["mask_iou"] for r in records) / 2)
@@ -381,3 +382,26 @@ def test_check_cli(tmp_path, capsys):
 def test_geoqa_strict_normal_form(pred, gt, correct):
     """Units with exponents and a spelled-out pi (cases found by replaying R1-V's GRPO log, tests/paper/test_geoqa_log.py)."""
     assert math_judge(f"<answer>{pred}</answer>", gt, "strict").correct == correct
+
+
+def test_evaluation_judges_each_output_once_per_protocol(tmp_path, tiny_dirs):
+    """run_evaluation and rescore_predictions judge every output once under the evaluation protocol (count_mc's
+    accuracy reward is the judge under its own reward protocol: one judgement more, under that protocol only)."""
+    from mmgpg.config import resolve
+    from mmgpg.evaluation.predictions import rescore_predictions, write_report
+    from mmgpg.evaluation.run import run_evaluation
+    from mmgpg.models.load import load_policy
+    from mmgpg.rollout.hf import HFEngine
+
+    task = build_task(f"{__file__.rsplit('/', 1)[0]}/fixture_tasks.py:JudgeCountingScenes",
+                      {"num_test": 3, "reward_protocol": "strict"})
+    policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544)
+    report = run_evaluation(HFEngine(policy, resolve([]).config), task, "test", limit=None, protocol="paper",
+                            max_new_tokens=4, checkpoint="tiny", engine_name="hf")
+    ids = [f"scenes-count_mc-test-{i}" for i in range(3)]
+    assert sorted(task.judged) == sorted([(i, "paper") for i in ids] + [(i, "strict") for i in ids])
+    write_report(tmp_path, report, {})
+    task.judged.clear()
+    again = rescore_predictions(task, tmp_path / "predictions.jsonl", "paper", split="test", limit=None)
+    assert sorted(task.judged) == sorted([(i, "paper") for i in ids] + [(i, "strict") for i in ids])
+    assert again.metrics == report.metrics and again.counts["evaluated"] == 3

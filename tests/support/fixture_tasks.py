@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from mmgpg_tasks.scenes import ScenesTask
 from mmgpg_tasks.shapes import ShapesParityTask, ShapesTask
 
 # Loaded by the tests as `fixture_tasks.py:ParityShapes`, which also exercises the path/to/file.py:Class loader.
@@ -47,3 +48,19 @@ class NaNRewardShapes(ShapesTask):
     def __post_init__(self):
         super().__post_init__()
         self.rewards = {"accuracy": lambda c, ex: float("nan") if len(c) % 2 else 1.0}
+
+
+@dataclass
+class JudgeCountingScenes(ScenesTask):
+    """The scenes task (count_mc) recording each judge call as ``(example id, protocol)`` in :attr:`judged`."""
+
+    name: ClassVar[str] = "judge_counting_scenes"
+    version: ClassVar[str] = "test"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.judged: list[tuple[str, str]] = []
+
+    def judge(self, completion, example, protocol):
+        self.judged.append((example.id, protocol))
+        return super().judge(completion, example, protocol)
