@@ -63,6 +63,16 @@ def sum_counts(counts: Mapping[str, float], device: torch.device | str = "cpu") 
     return dict(zip(counts, all_sum(counts.values(), device)))
 
 
+def max_counts(values: Mapping[str, float], device: torch.device | str = "cpu") -> dict[str, float]:
+    """``{name: max over ranks}`` in one collective (every rank passes the same names)."""
+    names = sorted(values)
+    if not (dist.is_available() and dist.is_initialized()) or not names:
+        return {k: float(values[k]) for k in names}
+    t = torch.tensor([float(values[k]) for k in names], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return dict(zip(names, t.tolist()))
+
+
 def all_max(value: float, device: torch.device | str = "cpu") -> float:
     if not (dist.is_available() and dist.is_initialized()):
         return float(value)

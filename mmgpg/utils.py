@@ -1,7 +1,8 @@
-"""Small run plumbing: seeding, graceful stops on SIGTERM/Ctrl-C, the console."""
+"""Small run plumbing: seeding, graceful stops on SIGTERM/Ctrl-C, the console, measured peak memory per phase."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import sys
@@ -49,3 +50,84 @@ def console():
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+class PeakMemory:
+    """Peak memory of each phase of a step, measured, not estimated: the process's peak resident set (Linux
+    ``VmHWM``, reset before each phase by writing ``5`` to ``/proc/self/clear_refs``; elsewhere the lifetime peak of
+    ``getrusage``, which cannot be reset) and, on a CUDA device, torch's ``max_memory_allocated`` /
+    ``max_memory_reserved`` (reset with ``reset_peak_memory_stats``). ``with meter.phase("rollout"): ...`` records
+    ``memory/rollout_rss_mib`` (+ ``memory/rollout_cuda_allocated_mib`` / ``_reserved_mib``) into :attr:`last`."""
+
+    _CLEAR_REFS = "/proc/self/clear_refs"
+    _STATUS = "/proc/self/status"
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        self.last: dict[str, float] = {}
+        self._open: list[str] = []
+        self._seen: dict[str, tuple[int, int, int]] = {}
+        self.resettable = self._reset_rss()
+
+    def _reset_rss(self) -> bool:
+        try:
+            with open(self._CLEAR_REFS, "w") as f:
+                f.write("5")
+            return True
+        except OSError:
+            return False
+
+    def rss_peak_bytes(self) -> int:
+        """The peak resident set since the last reset (bytes)."""
+        try:
+            with open(self._STATUS) as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024  # kB
+        except OSError:
+            pass
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, kB elsewhere
+
+    def _reading(self) -> tuple[int, int, int]:
+        """(peak RSS, peak CUDA allocated, peak CUDA reserved) since the last reset, in bytes."""
+        if not self.cuda:
+            return self.rss_peak_bytes(), 0, 0
+        return (self.rss_peak_bytes(), torch.cuda.max_memory_allocated(self.device),
+                torch.cuda.max_memory_reserved(self.device))
+
+    def _reset(self) -> None:
+        if self.resettable:
+            self._reset_rss()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Measure the block as phase ``name``. Phases nest (``sync`` inside ``update``): an enclosing phase's peak
+        is the largest of what it saw before, during and after the inner one (the inner one resets the counters)."""
+        def fold(into: str, reading: tuple[int, int, int]) -> None:
+            self._seen[into] = tuple(max(a, b) for a, b in zip(self._seen.get(into, (0, 0, 0)), reading))
+
+        before = self._reading()
+        for outer in self._open:  # what the enclosing phases have seen so far, before the reset below
+            fold(outer, before)
+        self._reset()
+        self._open.append(name)
+        try:
+            yield
+        finally:
+            self._open.pop()
+            reading = self._reading()
+            for outer in self._open:
+                fold(outer, reading)
+            fold(name, reading)
+            rss, allocated, reserved = self._seen.pop(name)
+            mib = 2**20
+            self.last[f"memory/{name}_rss_mib"] = rss / mib
+            if self.cuda:
+                self.last[f"memory/{name}_cuda_allocated_mib"] = allocated / mib
+                self.last[f"memory/{name}_cuda_reserved_mib"] = reserved / mib

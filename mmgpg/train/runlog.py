@@ -81,8 +81,12 @@ class _Progress:
         if self.bar is None:
             return
         alpha = "-" if m.get("gpg/alpha") is None else f"{m['gpg/alpha']:.2f}"
+        peak = max((v for k, v in m.items() if k.startswith("memory/") and k.endswith("_rss_mib")), default=None)
+        cuda = max((v for k, v in m.items() if k.startswith("memory/") and k.endswith("_cuda_allocated_mib")),
+                   default=None)
+        memory = "" if peak is None else f"  rss {peak / 1024:.1f} GiB" + ("" if cuda is None else f"  gpu {cuda / 1024:.1f} GiB")
         info = (f"reward {m['reward/total']:.3f}  valid {m['gpg/valid_fraction']:.2f}  α {alpha}  "
-                f"{m['time/step']:.2f} s/step")
+                f"{m['time/step']:.2f} s/step{memory}")
         self.bar.update(self.task, completed=m["step"], info=info)
 
     def note(self, text: str) -> None:

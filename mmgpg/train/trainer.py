@@ -37,7 +37,7 @@ from mmgpg.task import SkipBadRows, build_task, first_items
 from mmgpg.train import resume
 from mmgpg.train.runlog import RunLog
 from mmgpg.train.stream import PromptStream
-from mmgpg.utils import GracefulStop, seed_everything
+from mmgpg.utils import GracefulStop, PeakMemory, seed_everything
 
 
 @dataclass
@@ -123,6 +123,7 @@ class Trainer:
                 save_config(self.resolved, self.run_dir, "train")
         distributed.barrier()
         self.stopper = GracefulStop(lambda: self.state.step + 1, announce=self.dist.is_main)
+        self.memory = PeakMemory(self.device)  # memory/<phase>_rss_mib (+ _cuda_*) in every step's metrics
         self.runlog: RunLog | None = None
 
     # ---- set-up helpers -------------------------------------------------------------------------------------------
@@ -312,7 +313,8 @@ class Trainer:
             grad_norm = self._optimizer_step()
         t0 = time.perf_counter()
         if self.engine.owns_weights:  # the backend gathers / merges; the engine moves them (every rank: collective)
-            self.engine.sync_weights(self.backend.full_weights(self.engine.weights_dtype))
+            with self.memory.phase("sync"):
+                self.engine.sync_weights(self.backend.full_weights(self.engine.weights_dtype))
         sync_s = time.perf_counter() - t0
         self.policy.model.eval()
         policy_total, kl_total = distributed.all_sum([policy_total, kl_total], self.backend.comm_device)
@@ -324,13 +326,15 @@ class Trainer:
     def train_step(self) -> dict[str, Any]:
         timings: dict[str, float] = {}
         t_step = t0 = time.perf_counter()
-        collected = self.rollout()
+        with self.memory.phase("rollout"):
+            collected = self.rollout()
         timings["time/rollout"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         counts = self.advantages(collected.update)
         timings["time/advantages"] = time.perf_counter() - t0
         t0 = time.perf_counter()
-        update_stats = self.update(collected.update, counts)
+        with self.memory.phase("update"):
+            update_stats = self.update(collected.update, counts)
         timings["time/update"] = time.perf_counter() - t0
         self.state.step += 1
         timings["time/step"] = time.perf_counter() - t_step
@@ -357,6 +361,7 @@ class Trainer:
             "rollout/completion_tokens": summed["tokens"] / n, "rollout/truncated_fraction": summed["truncated"] / n,
             **collected.metrics(), **update_stats, "lr": self.backend.learning_rate(), **timings,
             "throughput/completion_tokens_per_s": summed["tokens"] / max(timings["time/step"], 1e-9),
+            **distributed.max_counts(self.memory.last, self.backend.comm_device),  # the largest rank's peak
         })
         return metrics
 
@@ -419,6 +424,28 @@ class Trainer:
                 rundir.replace_probe(self.run_dir / rundir.PROBES, records)
         distributed.barrier()
 
+    def _memory_plan(self) -> dict[str, float]:
+        """``mmgpg plan``'s prediction for this run (per device: persistent, update, rollout, peak), as ``plan/*_mib``
+        for the first step's metrics record, where the measured ``memory/*`` of the same step sit beside it. On a CPU
+        the planned figures are what one GPU of the same setup would hold. Empty when the planner cannot model the
+        run (it says why in the log)."""
+        from mmgpg.backends.memory import model_shape, plan_memory
+
+        t = self.cfg.train
+        try:
+            total = (torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda"
+                     else 80 * 2**30)
+            stage = t.zero_stage if t.backend == "deepspeed" else 0
+            offload = ("optimizer+params" if t.offload_params else "optimizer" if t.offload_optimizer else "none") \
+                if t.backend == "deepspeed" else "none"
+            plan = plan_memory(self.cfg, model_shape(self.cfg.model.name_or_path, self.cfg.model.lora),
+                               gpus=self.dist.world_size, gpu_memory_gb=total / 2**30, backend=t.backend,
+                               zero_stage=stage, offload=offload, with_fixes=False)
+        except (ValueError, OSError) as err:
+            self.runlog.note(f"no memory plan for this run ({err})")
+            return {}
+        return {f"plan/{phase}_mib": float(b) / 2**20 for phase, b in plan.phases.items()}
+
     def save(self) -> Path:
         return resume.save_run_state(self.run_dir, self.state.step, self.policy, self.backend, self.stream,
                                      vars(self.state).copy(), self.cfg, self.cfg.train.keep_last)
@@ -429,6 +456,7 @@ class Trainer:
         """Run until ``train.max_steps``; save at ``save_every``, at the end, and at a SIGTERM/SIGINT step boundary."""
         cfg = self.cfg
         self.runlog = RunLog(self.run_dir, cfg, start_step=self.state.step, is_main=self.dist.is_main)
+        planned = self._memory_plan()  # beside the first step's measured memory/* (planned vs measured)
         self.stopper.__enter__()
         try:
             if cfg.train.eval_every and self.state.step == 0:
@@ -437,6 +465,8 @@ class Trainer:
                 self.probe()
             while self.state.step < cfg.train.max_steps:
                 metrics = self.train_step()
+                metrics.update(planned)
+                planned = {}
                 if cfg.train.eval_every and (self.state.step % cfg.train.eval_every == 0
                                              or self.state.step == cfg.train.max_steps):
                     metrics.update(self.evaluate())

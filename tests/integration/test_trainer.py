@@ -46,9 +46,13 @@ def test_train_cli_runs_each_algorithm(tmp_path, algo):
         for key in ("reward/total", "reward/accuracy", "gpg/alpha", "gpg/valid_fraction", "rollout/resample_attempts",
                     "time/rollout", "time/advantages", "time/update", "loss/policy", "loss/kl"):
             assert key in m, key
+        # measured peak memory per phase (process RSS; the tiny model's process holds well over 100 MiB)
+        assert 100 < m["memory/rollout_rss_mib"] < 20_000 and 100 < m["memory/update_rss_mib"] < 20_000
         assert m["gpg/alpha"] == pytest.approx(
             m["gpg/num_samples"] / (m["gpg/num_samples"] - m["gpg/num_zero_variance"])
             if algo == "gpg" and m["gpg/num_zero_variance"] < m["gpg/num_samples"] else 1.0)
+    # mmgpg plan's prediction once per run, beside the first step's measured memory
+    assert metrics[0]["plan/peak_mib"] >= metrics[0]["plan/persistent_mib"] > 0 and "plan/peak_mib" not in metrics[1]
     if algo == "grpo":
         # The policy equals the reference before the first update: k3 is exactly 0. After an update it is not.
         assert metrics[0]["loss/kl"] == 0.0 and metrics[0]["grad_norm"] > 0
