@@ -60,6 +60,10 @@ def cmd_eval(args) -> int:
                              "file (docs/evaluation.md lists the fields each task needs)")
     else:
         report = _evaluate_checkpoint(args, cfg, task)
+        from mmgpg import distributed
+
+        if not distributed.current().is_main:  # under torchrun: rank 0 writes and prints
+            return 0
     out = make_run_dir(args.output or "", "eval")
     config = {"task": {"name": task.name, **(dataclasses.asdict(task) if dataclasses.is_dataclass(task) else {})},
               "model": dataclasses.asdict(cfg.model)}
@@ -71,6 +75,8 @@ def cmd_eval(args) -> int:
 
 def _evaluate_checkpoint(args, cfg, task):
     """Load ``--ckpt`` (a training run directory: its latest policy) into the rollout engine and evaluate it."""
+    import torch
+
     from mmgpg.evaluation.run import run_evaluation
     from mmgpg.models.load import load_policy_for, resolve_device
     from mmgpg.rollout import build_engine
@@ -78,10 +84,17 @@ def _evaluate_checkpoint(args, cfg, task):
 
     ckpt = args.ckpt
     run_checkpoint = latest_checkpoint(Path(ckpt)) if Path(ckpt).is_dir() else None
+    from mmgpg import distributed
+
+    device = resolve_device(cfg.device)
+    info = distributed.setup(device.type)  # under torchrun: the items' batches are split over the ranks
+    if device.type == "cuda" and info.enabled:
+        device = torch.device("cuda", info.local_rank)
     if run_checkpoint is not None:  # a training run: its latest policy
         ckpt = str(run_checkpoint / "policy")
-        print(f"evaluating {ckpt}")
-    policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=ckpt)
+        if info.is_main:
+            print(f"evaluating {ckpt}")
+    policy = load_policy_for(cfg.model, device, source=ckpt)
     engine = build_engine(cfg.rollout.engine, policy, cfg)
     try:
         return run_evaluation(engine, task, args.split, limit=args.limit, protocol=args.protocol,

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from mmgpg import distributed
 from mmgpg.rollout import RolloutEngine, Sampling
 from mmgpg.task import Example, Task, good_items
 from mmgpg.task.judges import Judgement
@@ -81,16 +82,24 @@ def evaluate(engine: RolloutEngine, task: Task, examples: Sequence[Example], *, 
     Each record holds ``id``, ``model_output``, the judge's fields (``correct``, ``extracted``, ``parse_failure``,
     task extras), ``rewards`` (every training reward) and the fields the task needs to re-score it later
     (``record_fields``: ``question``, ``ground_truth``, ...).
+
+    Under torchrun every rank calls it (a collective): rank ``r`` of ``W`` decodes and judges batches ``r, r + W,
+    ...`` — the same batches as one process, so the same padding and the same greedy outputs — and the records are
+    gathered back into the one-process order; every rank returns the same metrics and records.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1; got {batch_size}")
-    records: list[dict[str, Any]] = []
-    for start in range(0, len(examples), batch_size):
-        chunk = examples[start : start + batch_size]
+    info = distributed.current()
+    starts = list(range(0, len(examples), batch_size))
+    mine: list[tuple[int, list[dict[str, Any]]]] = []
+    for b in range(info.rank, len(starts), info.world_size):
+        chunk = examples[starts[b] : starts[b] + batch_size]
         out = engine.generate([task.prompt(ex) for ex in chunk], 1, Sampling.greedy(max_new_tokens))
-        for ex, text, mask in zip(chunk, out.texts, out.completion_mask):
-            records.append({"id": ex.id, **task.record_fields(ex), "model_output": text, "tokens": int(mask.sum()),
-                            **judge_output(task, text, ex, protocol)})
+        mine.append((b, [{"id": ex.id, **task.record_fields(ex), "model_output": text, "tokens": int(mask.sum()),
+                          **judge_output(task, text, ex, protocol)}
+                         for ex, text, mask in zip(chunk, out.texts, out.completion_mask)]))
+    batches = dict(pair for part in (distributed.gather_objects(mine) if info.enabled else [mine]) for pair in part)
+    records: list[dict[str, Any]] = [rec for b in sorted(batches) for rec in batches[b]]
     metrics = judged_metrics(task, records)
     metrics.update(task.mask_metrics(records, list(examples), protocol))
     metrics["num_samples"] = float(len(records))
@@ -147,7 +156,7 @@ def run_evaluation(engine: RolloutEngine, task: Task, split: str, *, limit: int 
     (the report's ``source``). The engine stays open: it is the caller's."""
     items = task.load(split)
     examples, bad_rows = good_items(items, limit, on_bad_row)
-    for row, reason in bad_rows.items():
+    for row, reason in bad_rows.items() if distributed.current().is_main else ():
         print(f"skipped bad data row {row}: {reason}", file=sys.stderr, flush=True)
     metrics, records = evaluate(engine, task, examples, batch_size=batch_size, max_new_tokens=max_new_tokens,
                                 protocol=protocol)

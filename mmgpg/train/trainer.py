@@ -385,19 +385,20 @@ class Trainer:
             rundir.append_records(self.run_dir / rundir.SUCCESS, [rec for recs in everyone for rec in recs])
 
     def evaluate(self) -> dict[str, float]:
-        """Greedy evaluation on ``train.eval_split`` (rank 0 evaluates, every rank gets the numbers); a bad row of
-        the split stops training or, under ``data.on_bad_row=skip``, is left out (as in ``mmgpg eval``)."""
+        """Greedy evaluation on ``train.eval_split``, its batches split over the ranks (every rank gets the
+        numbers); a bad row of the split stops training or, under ``data.on_bad_row=skip``, is left out (as in
+        ``mmgpg eval``). The sampled part (``train.eval_samples``) runs on rank 0."""
         from mmgpg.evaluation.run import run_evaluation, sampled_scores
 
         metrics = None
-        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
-            if self.dist.is_main:
-                t, r = self.cfg.train, self.cfg.rollout
-                # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
-                with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                    report = run_evaluation(self.engine, self.task, t.eval_split, limit=t.eval_limit,
-                                            max_new_tokens=r.max_new_tokens, on_bad_row=self.cfg.data.on_bad_row,
-                                            checkpoint="live", engine_name=r.engine)
+        t, r = self.cfg.train, self.cfg.rollout
+        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once)
+            # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                report = run_evaluation(self.engine, self.task, t.eval_split, limit=t.eval_limit,
+                                        max_new_tokens=r.max_new_tokens, on_bad_row=self.cfg.data.on_bad_row,
+                                        checkpoint="live", engine_name=r.engine)  # collective: every rank decodes
+                if self.dist.is_main:
                     metrics = {f"eval/{k}": v for k, v in report.metrics.items()}
                     if t.eval_samples:
                         torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)

@@ -144,11 +144,15 @@ def test_mmgpg_train_under_torchrun(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "mmgpg", "train", f"task={fixtures}:ParityShapes", "model=tiny", "rollout.group_size=4",
            "rollout.max_new_tokens=12", "train.prompts_per_step=4", "train.max_steps=2", "train.progress=false",
-           "train.learning_rate=1e-3", f"output_dir={run}"]
+           "train.learning_rate=1e-3", "train.eval_every=2", "train.eval_limit=5", f"output_dir={run}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [m for m in metrics if "eval/num_samples" in m]
+    # the evaluations' batches are split over the two ranks and gathered: every item is judged once
+    assert [m["step"] for m in evals] == [0, 2] and all(m["eval/num_samples"] == 5 for m in evals)
+    metrics = [m for m in metrics if m["step"] > 0]
     assert [m["step"] for m in metrics] == [1, 2] and all(m["gpg/num_samples"] == 16 for m in metrics)
     records = [json.loads(x) for x in (run / "prompt_success.jsonl").read_text().splitlines()]
     assert {r["rank"] for r in records} == {0, 1}
@@ -158,6 +162,26 @@ def test_mmgpg_train_under_torchrun(tmp_path):
     done = json.loads((run / "checkpoints" / "step-00000002" / "COMPLETE").read_text())
     assert done["world_size"] == 2
     assert (run / "checkpoints" / "step-00000002" / "rng_rank1.pt").exists()
+
+
+@pytest.mark.distributed
+def test_mmgpg_eval_under_torchrun_equals_one_process(tmp_path):
+    """`mmgpg eval` under torchrun splits the items' batches over the ranks and gathers the judgements: the same
+    predictions.jsonl (same order, same outputs) and metrics as one process."""
+    args = ["-m", "mmgpg", "eval", "--task", f"{FIXTURE_TASKS}:ParityShapes", "--ckpt", "tiny", "--limit", "7",
+            "--batch-size", "2", "--max-new-tokens", "8", "--split", "test"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run([sys.executable, *args, "--output", str(tmp_path / "one")], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert one.returncode == 0, one.stdout + one.stderr
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          *args, "--output", str(tmp_path / "two")], capture_output=True, text=True, timeout=600, env=env)
+    assert two.returncode == 0, two.stdout + two.stderr
+    a, b = ((tmp_path / d / "predictions.jsonl").read_text() for d in ("one", "two"))
+    assert a == b and len(a.splitlines()) == 7
+    ma, mb = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
+    assert ma["metrics"] == mb["metrics"] and ma["counts"] == mb["counts"]
+    assert two.stdout.count("wrote ") == 1  # rank 0 writes and prints
 
 
 def test_gradient_checkpointing_gives_the_same_gradient(tiny_dirs, tmp_path):
