@@ -3,7 +3,6 @@ to overwrite a run — the same guarantees as `mmgpg train` (shared code: mmgpg/
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from support import comparable_run
 
 SFT = ["sft", "task=shapes", "model=tiny", "sft.batch_size=4", "sft.learning_rate=1e-3", "sft.max_steps=6",
        "train.eval_limit=4", "rollout.max_new_tokens=8"]
@@ -25,9 +25,7 @@ def _run(*args, check=True):
     return proc
 
 
-def _metrics(run: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+_metrics = comparable_run
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 600) -> None:

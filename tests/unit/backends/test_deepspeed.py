@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from support import FIXTURE_TASKS
+from support import FIXTURE_TASKS, comparable_run
 from support.gradient_reference import (
     ALPHA,
     gpg_advantages,
@@ -312,9 +312,7 @@ def _torchrun(*args: str, nproc: int = 2):
     return cmd, {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def _comparable(run: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in m.items() if not k.startswith(("time/", "throughput/"))} for m in rows]
+_comparable = comparable_run
 
 
 @needs_deepspeed
