@@ -213,22 +213,25 @@ def test_updates_per_batch_2_ratio_is_1_then_clips(tiny_dirs, tmp_path, monkeypa
         seen.append((logp.detach().clone(), old_logp.clone(), adv.clone()))
         return real(logp, adv, old_logp, clip_eps)
 
-    monkeypatch.setitem(algorithms.TOKEN_LOSSES, "clipped_ratio", spy)
-    trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "grpo", "algo.updates_per_batch=2",
-                           "algo.clip_eps=0.001", "algo.kl_coef=0", "train.learning_rate=1e-2")
-    groups = make_groups(trainer, [0, 1, 2, 3])
-    stats = trainer.update(groups, trainer.advantages(groups))
-    assert trainer.state.optimizer_steps == 2 and stats["grad_norm"] > 0
-    micro = len(seen) // 2
-    assert micro == 3  # three informative groups, one per micro-batch, twice
-    for logp, old, _ in seen[:micro]:
-        assert torch.equal(logp, old)  # ratio exactly 1
-    clipped = 0
-    for logp, old, adv in seen[micro:]:
-        ratio = torch.exp(logp - old)
-        surrogate = ratio * adv[:, None]
-        clipped += int((real(logp, adv, old, 0.001) != -surrogate).sum())
-    assert clipped > 0
+    algorithms.TOKEN_LOSSES.register("clipped_ratio", spy, replace=True)  # the registry's own API
+    try:
+        trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "grpo", "algo.updates_per_batch=2",
+                               "algo.clip_eps=0.001", "algo.kl_coef=0", "train.learning_rate=1e-2")
+        groups = make_groups(trainer, [0, 1, 2, 3])
+        stats = trainer.update(groups, trainer.advantages(groups))
+        assert trainer.state.optimizer_steps == 2 and stats["grad_norm"] > 0
+        micro = len(seen) // 2
+        assert micro == 3  # three informative groups, one per micro-batch, twice
+        for logp, old, _ in seen[:micro]:
+            assert torch.equal(logp, old)  # ratio exactly 1
+        clipped = 0
+        for logp, old, adv in seen[micro:]:
+            ratio = torch.exp(logp - old)
+            surrogate = ratio * adv[:, None]
+            clipped += int((real(logp, adv, old, 0.001) != -surrogate).sum())
+        assert clipped > 0
+    finally:
+        algorithms.TOKEN_LOSSES.register("clipped_ratio", real, replace=True)
 
 
 def test_nonfinite_gradients_skip_the_step_then_stop(tiny_dirs, tmp_path):
