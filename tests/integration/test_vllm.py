@@ -97,7 +97,7 @@ def test_greedy_equals_hf_on_44_mixed_size_prompts(engine):
     got = engine.generate(convs, 1, Sampling.greedy(24))
     want = _hf_greedy(engine.policy, convs)
     assert sum(a == b for a, b in zip(_vllm_ids(got), want)) == 44
-    hf = build_engine("hf", engine.policy).generate(convs, 1, Sampling.greedy(24))  # batched, left-padded
+    hf = build_engine("hf", engine.policy, _config()).generate(convs, 1, Sampling.greedy(24))  # batched, left-padded
     assert got.texts == hf.texts
 
 
