@@ -230,7 +230,7 @@ def test_all_zero_variance_steps_are_skipped_but_advance_the_schedule(tmp_path):
     assert all(torch.equal(before[n], p) for n, p in trainer.policy.model.named_parameters())
 
 
-def test_updates_per_batch_2_ratio_is_1_then_clips(tiny_dirs, tmp_path, monkeypatch):
+def test_updates_per_batch_2_ratio_is_1_then_clips(tiny_dirs, tmp_path):
     """GRPO's μ = 2: the first iteration's ratio is exactly 1 (old log-probs = current ones), the second sees moved
     weights, and at a small clip_eps the clip engages (the clipped surrogate differs from ratio · A)."""
     from support.gradient_reference import make_groups, make_trainer
@@ -244,9 +244,12 @@ def test_updates_per_batch_2_ratio_is_1_then_clips(tiny_dirs, tmp_path, monkeypa
         seen.append((logp.detach().clone(), old_logp.clone(), adv.clone()))
         return real(logp, adv, old_logp, clip_eps)
 
-    monkeypatch.setitem(algorithms.TOKEN_LOSSES, "clipped_ratio", spy)
-    trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "grpo", "algo.updates_per_batch=2",
-                           "algo.clip_eps=0.001", "algo.kl_coef=0", "train.learning_rate=1e-2")
+    algorithms.TOKEN_LOSSES.register("clipped_ratio", spy, replace=True)  # the trainer binds it once, at start
+    try:
+        trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "grpo", "algo.updates_per_batch=2",
+                               "algo.clip_eps=0.001", "algo.kl_coef=0", "train.learning_rate=1e-2")
+    finally:
+        algorithms.TOKEN_LOSSES.register("clipped_ratio", real, replace=True)
     groups = make_groups(trainer, [0, 1, 2, 3])
     stats = trainer.update(groups, trainer.advantages(groups))
     assert trainer.state.optimizer_steps == 2 and stats["grad_norm"] > 0
