@@ -1,11 +1,15 @@
-"""GPG vs GRPO vs the GPG ablations on the embedded shapes task, from one SFT warm start, over several seeds.
+"""Every algorithm of configs/algo on the embedded shapes task, from one SFT warm start, over several seeds.
 
-    python bench/compare_algos.py                                  # SFT once (seed 0), then 5 algorithms x 3 seeds
-    python bench/compare_algos.py --steps 150 --seeds 0 1 2 3 --parallel 2 --out bench/results/compare_algos.md
+    python bench/compare_algos.py                      # SFT once (seed 0), then 13 algorithms x 3 seeds
+    python bench/compare_algos.py --steps 150 --seeds 0 1 2 3 --parallel 2 --out bench/results/compare_algos.md \
+        --plot bench/results/compare_algos_rewards.png
 
 Every run starts from the same SFT checkpoint and uses the same settings except the algorithm (``configs/algo/``)
-and the seed (sampling and data order). Each run ends with a greedy evaluation on the test split. The table reports
-mean ± standard deviation over seeds of final accuracy and of the median wall time per step. Runs execute as
+and the seed (sampling and data order): the same steps x prompts_per_step x group_size completions in every update
+(methods that resample, GPG's β_th and DAPO's dynamic sampling, generate more: the table counts them). Each run
+starts and ends with a greedy and a sampled evaluation on the test split. The table reports mean ± standard
+deviation over seeds of final accuracy, completions generated, completion tokens generated per step and the median
+wall time per step; ``--plot`` draws every algorithm's reward curve (mean over seeds) in one PNG. Runs execute as
 separate ``mmgpg train`` processes, ``--parallel`` at a time with one torch thread each. Wall times are only
 comparable inside one invocation. This is a measurement, not a test; whatever it shows is reported.
 """
@@ -24,11 +28,20 @@ from pathlib import Path
 
 ALGOS = {
     "gpg": "GPG (F_norm=1, α, β_th=0.4)",
-    "gpg_ablation_fnorm1_alpha1_threshold": "GPG, α off",
-    "gpg_ablation_fnorm1_alpha_nothreshold": "GPG, β_th off",
-    "gpg_ablation_fnormstd_alpha_threshold": "GPG, std normalisation on",
+    "gpg_token_mean": "GPG, token mean",
+    "gpg_kl": "GPG + KL 0.04 (Table 9)",
+    "gpg_clip": "GPG + clip, 2 upd. (Table 9)",
     "grpo": "GRPO (z-score, clip, KL 0.04)",
+    "dr_grpo": "Dr. GRPO",
+    "dapo": "DAPO (clip-higher, dyn. sampling, overlong, 2 upd.)",
+    "gspo": "GSPO (2 upd.)",
+    "gspo_token": "GSPO-token (2 upd.)",
+    "cispo": "CISPO (2 upd.)",
+    "rloo": "RLOO",
+    "reinforce_pp": "REINFORCE++",
+    "reinforce_pp_baseline": "REINFORCE++-baseline",
 }
+# The GPG ablations (configs/algo/gpg_ablation_*) run with --algos; the earlier results below the table have them.
 
 
 def run(cmd: list[str], log: Path) -> None:
@@ -56,7 +69,10 @@ def main() -> None:
     ap.add_argument("--algos", nargs="+", default=list(ALGOS))
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--out", default=None, help="also write the markdown table here")
+    ap.add_argument("--plot", default=None, help="write the reward curves of every algorithm (one PNG) here")
     args = ap.parse_args()
+    load_before = os.getloadavg()
+    t_start = time.time()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     mmgpg = [sys.executable, "-m", "mmgpg"]
@@ -92,34 +108,88 @@ def main() -> None:
         list(pool.map(lambda job: run(job[1], job[0].with_suffix(".log")), jobs))
     print(f"runs took {time.time() - t0:.0f} s", flush=True)
 
+    summary = {algo: summarise(work, algo, args.seeds, args.prompts_per_step * args.group_size)
+               for algo in args.algos}
+    load_after = os.getloadavg()
+    budget = args.steps * args.prompts_per_step * args.group_size
     lines = [f"# `python {' '.join(sys.argv)}`", "",
              f"{time.strftime('%Y-%m-%d', time.gmtime())}; SFT warm start ({args.sft_steps} steps) greedy test accuracy "
-             f"**{sft_eval:.3f}**; each run: {args.steps} steps x {args.prompts_per_step} prompts x G={args.group_size}, "
-             f"lr {args.lr} ({args.lr_scheduler}); greedy evaluation on {args.eval_limit} test images; seeds {args.seeds}; "
-             f"{args.parallel} runs in parallel, 1 thread each.", "",
-             f"| algorithm | greedy accuracy (mean ± std) | per seed | Δ vs SFT | sampled accuracy, mean of "
-             f"{args.eval_samples} (mean ± std) | Δ vs start | s/step (mean ± std) |",
-             "|---|---:|---|---:|---:|---:|---:|"]
-
-    def mean_sd(xs: list[float]) -> str:
-        return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
-
+             f"**{sft_eval:.3f}**; each run: {args.steps} steps x {args.prompts_per_step} prompts x G={args.group_size} "
+             f"= {budget} completions in the updates, lr {args.lr} ({args.lr_scheduler}); greedy and sampled "
+             f"(mean of {args.eval_samples}) evaluation on {args.eval_limit} test images before and after; seeds "
+             f"{args.seeds}; {args.parallel} run(s) at a time, 1 thread each; {os.cpu_count()} cores. Load average "
+             f"(1/5/15 min) {fmt_load(load_before)} at the start, {fmt_load(load_after)} at the end; all runs "
+             f"{time.time() - t_start:.0f} s.", "",
+             "| algorithm | greedy accuracy (mean ± std) | per seed | Δ vs SFT | sampled accuracy (mean ± std) "
+             "| Δ vs start | completions generated | completion tokens / step | s/step (mean ± std) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for algo in args.algos:
-        accs, sampled, sampled_start, times = [], [], [], []
-        for seed in args.seeds:
-            rows = [json.loads(x) for x in (work / f"{algo}-seed{seed}" / "metrics.jsonl").read_text().splitlines()]
-            evals = [r for r in rows if "eval/accuracy" in r]
-            accs.append(evals[-1]["eval/accuracy"])
-            sampled.append(evals[-1].get("eval/sampled_accuracy", float("nan")))
-            sampled_start.append(evals[0].get("eval/sampled_accuracy", float("nan")))
-            times.append(statistics.median(r["time/step"] for r in rows if "time/step" in r))
-        lines.append(f"| {ALGOS.get(algo, algo)} (`{algo}`) | {mean_sd(accs)} | {', '.join(f'{a:.3f}' for a in accs)} | "
-                     f"{statistics.mean(accs) - sft_eval:+.3f} | {mean_sd(sampled)} | "
-                     f"{statistics.mean(sampled) - statistics.mean(sampled_start):+.3f} | {mean_sd(times)} |")
+        r = summary[algo]
+        lines.append(f"| {ALGOS.get(algo, algo)} (`{algo}`) | {mean_sd(r['greedy'])} | "
+                     f"{', '.join(f'{a:.3f}' for a in r['greedy'])} | {statistics.mean(r['greedy']) - sft_eval:+.3f} | "
+                     f"{mean_sd(r['sampled'])} | {statistics.mean(r['sampled']) - statistics.mean(r['sampled_start']):+.3f} "
+                     f"| {statistics.mean(r['generated']):.0f} | {statistics.mean(r['tokens_per_step']):.0f} | "
+                     f"{mean_sd(r['seconds'])} |")
     table = "\n".join(lines) + "\n"
     print(table)
     if args.out:
         Path(args.out).write_text(table)
+    if args.plot:
+        plot_rewards({algo: summary[algo]["curve"] for algo in args.algos}, Path(args.plot),
+                     f"reward/total (sampled, mean over seeds {args.seeds}); {args.steps} steps x "
+                     f"{args.prompts_per_step} prompts x G={args.group_size} from one SFT start")
+
+
+def mean_sd(xs: list[float]) -> str:
+    return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
+
+
+def fmt_load(load: tuple[float, float, float]) -> str:
+    return "/".join(f"{x:.1f}" for x in load)
+
+
+def summarise(work: Path, algo: str, seeds: list[int], per_attempt: int) -> dict:
+    """Per seed: final greedy and sampled accuracy (and the sampled one at step 0), completions generated (every
+    attempt), completion tokens generated per step, the median s/step, and the reward curve."""
+    out: dict = {k: [] for k in ("greedy", "sampled", "sampled_start", "generated", "tokens_per_step", "seconds")}
+    curves = []
+    for seed in seeds:
+        rows = [json.loads(x) for x in (work / f"{algo}-seed{seed}" / "metrics.jsonl").read_text().splitlines()]
+        evals = [r for r in rows if "eval/accuracy" in r]
+        steps = [r for r in rows if "time/step" in r]
+        out["greedy"].append(evals[-1]["eval/accuracy"])
+        out["sampled"].append(evals[-1].get("eval/sampled_accuracy", float("nan")))
+        out["sampled_start"].append(evals[0].get("eval/sampled_accuracy", float("nan")))
+        generated = [r["rollout/resample_attempts"] * per_attempt for r in steps]
+        out["generated"].append(sum(generated))
+        out["tokens_per_step"].append(statistics.mean(n * r["rollout/completion_tokens"]
+                                                      for n, r in zip(generated, steps)))
+        out["seconds"].append(statistics.median(r["time/step"] for r in steps))
+        curves.append([r["reward/total"] for r in steps])
+    out["curve"] = [statistics.mean(c[i] for c in curves) for i in range(min(map(len, curves)))]
+    return out
+
+
+def plot_rewards(curves: dict[str, list[float]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 6))
+    colours = plt.get_cmap("tab20").colors
+    for i, (algo, curve) in enumerate(curves.items()):
+        ax.plot(range(1, len(curve) + 1), curve, label=algo, color=colours[i % len(colours)],
+                linestyle=("-", "--", ":")[i // 7 % 3], linewidth=1.6)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward of the step's completions")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -133,6 +133,22 @@ def whiten_with_moments(values: torch.Tensor, moments: tuple[float, float, float
     return (values - mean) / (var + std_eps) ** 0.5
 
 
+def whitens_batch(values_of: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    """Marks an advantage that whitens with the *batch's* moments of ``values_of(rewards)``: the trainer computes
+    them on every rank (:func:`batch_moments` weighted by the completions' loss tokens), sums them over ranks
+    (:func:`all_reduce_moments`) and passes them as ``moments``. Such advantages give zero-variance groups a
+    non-zero advantage too (the baseline is the batch's, not the group's), so those groups are trained."""
+    def mark(fn: Callable) -> Callable:
+        fn.batch_moments_of = values_of
+        return fn
+    return mark
+
+
+def _rewards_themselves(rewards: torch.Tensor) -> torch.Tensor:
+    return rewards
+
+
+@whitens_batch(_rewards_themselves)
 def reinforce_pp_advantages(rewards: torch.Tensor, moments: tuple[float, float, float], std_eps: float = 1e-8):
     """REINFORCE++ (Hu 2025) with an outcome reward and γ = 1: every token's return is ``r_i``, whitened with the
     *global* batch statistics: ``A_i = (r_i - μ) / sqrt(σ² + ε)``. ``moments`` must be
@@ -143,6 +159,7 @@ def reinforce_pp_advantages(rewards: torch.Tensor, moments: tuple[float, float, 
     return whiten_with_moments(rewards, moments, std_eps)
 
 
+@whitens_batch(group_mean_advantages)
 def reinforce_pp_baseline_advantages(rewards: torch.Tensor, moments: tuple[float, float, float],
                                      std_eps: float = 1e-8) -> torch.Tensor:
     """REINFORCE++-baseline: subtract the group mean, then whiten the centred rewards with the *global* batch
@@ -153,8 +170,6 @@ def reinforce_pp_baseline_advantages(rewards: torch.Tensor, moments: tuple[float
     """
     return whiten_with_moments(group_mean_advantages(rewards), moments, std_eps)
 
-
-# reinforce_pp* take the global moments as well: the trainer computes them (all ranks) before calling them.
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -68,7 +68,8 @@ def print_prediction(result: dict) -> None:
     title = (f"advantage={o['advantage']} std_eps={o['std_eps']:g} G={o['group_size']} kl_coef(β)={o['kl_coef']:g} "
              f"kl_estimator={o['kl_estimator']} (★ = the configured objective's fixed point)")
     table = Table(title=title)
-    columns = ["p_ref", "Ω_G", "P0", f"k3 p*{star['k3']}", f"k2/reverse-KL p*{star['k2']}",
+    omega = "Ω_B" if o["weight"].startswith("Ω_B") else "Ω_G"
+    columns = ["p_ref", omega, "P0", f"k3 p*{star['k3']}", f"k2/reverse-KL p*{star['k2']}",
                f"paper p* (ε={o['paper_eps']:g})", "GPG drift", f"drift α (P={o['prompts_per_step']})",
                f"coverage (V={o['visits']})"]
     for c in columns:
@@ -84,8 +85,11 @@ def print_prediction(result: dict) -> None:
               "the GPG drift rate and p_ref = 0 is absorbing.")
     elif configured is None:
         print("kl_estimator = k1: its expected gradient is 0, so the configured objective has no interior fixed point.")
+    print(f"weight: {o['weight']}")
+    for note in result["not_covered"]:
+        print(f"not covered: {note}")
     print("columns (formulas):")
-    names = {"Ω_G": "omega_G", "P0": "zero_variance_probability", "k3 p*": "k3", "k2/reverse-KL p*": "k2",
+    names = {omega: "omega_G", "P0": "zero_variance_probability", "k3 p*": "k3", "k2/reverse-KL p*": "k2",
              "paper p*": "paper", "GPG drift": "gpg_drift", "drift α": "gpg_drift_alpha", "coverage": "coverage"}
     for label, key in names.items():
         print(f"  {label}: {result['formulas'][key]}")

@@ -69,6 +69,7 @@ def check(cfg: Config) -> list[Problem]:
         p.append(Problem("algo.updates_per_batch", a.updates_per_batch,
                          "reinforce has no importance ratio, so a second update on the same samples would be off-policy "
                          "and uncorrected.", "set algo.token_loss=clipped_ratio, or algo.updates_per_batch=1."))
+    p += _check_baselines(cfg)
     for key, value, low in (("max_steps", t.max_steps, 1), ("prompts_per_step", t.prompts_per_step, 1),
                             ("micro_batch_prompts", t.micro_batch_prompts, 1), ("keep_last", t.keep_last, 1),
                             ("warmup_steps", t.warmup_steps, 0), ("save_every", t.save_every, 0),
@@ -103,6 +104,58 @@ def check(cfg: Config) -> list[Problem]:
                          "adapter's partitioning, merged saving under ZeRO-3) is not built or tested yet.",
                          "set train.backend=plain (LoRA's gradients and optimizer state are small), or "
                          "model.lora.rank=0 for full fine-tuning with DeepSpeed."))
+    return p
+
+
+# Token losses with a ratio to the rollout policy (and what their ratio bounds are called in the messages).
+_RATIO_LOSSES = {"clipped_ratio": "clipped ratio", "gspo": "GSPO ratio", "gspo_token": "GSPO-token ratio",
+                 "cispo": "CISPO weight"}
+# Advantages whitened with the statistics of the whole batch: zero-variance groups carry gradient there.
+_BATCH_WHITENED = ("reinforce_pp", "reinforce_pp_baseline")
+
+
+def _check_baselines(cfg: Config) -> list[Problem]:
+    """The keys of DAPO, GSPO, CISPO and REINFORCE++: ranges, and keys that would have no effect in this config."""
+    a, p = cfg.algo, []
+    if a.clip_eps_high is not None and a.clip_eps_high <= 0:
+        p.append(Problem("algo.clip_eps_high", a.clip_eps_high, "An upper clip range is > 0.",
+                         "set algo.clip_eps_high=0.28 (DAPO), or null for the symmetric clip_eps."))
+    if a.cispo_eps_low is not None and not 0 < a.cispo_eps_low <= 1:
+        p.append(Problem("algo.cispo_eps_low", a.cispo_eps_low, "The lower bound 1 - cispo_eps_low must lie in [0, 1).",
+                         "set algo.cispo_eps_low=null (no lower bound, as MiniMax-M1) or a value in (0, 1]."))
+    if a.clip_eps_high is not None and a.token_loss not in _RATIO_LOSSES:
+        p.append(Problem("algo.clip_eps_high", a.clip_eps_high, f"token_loss={a.token_loss} has no ratio to clip.",
+                         "set algo.clip_eps_high=null, or a token loss with a ratio: " + ", ".join(_RATIO_LOSSES) + "."))
+    if a.cispo_eps_low is not None and a.token_loss != "cispo":
+        p.append(Problem("algo.cispo_eps_low", a.cispo_eps_low, "Only the cispo token loss has this bound.",
+                         "set algo.cispo_eps_low=null, or algo.token_loss=cispo."))
+    if a.token_loss == "cispo" and a.clip_eps_high is None:
+        p.append(Problem("algo.clip_eps_high", None, "CISPO caps its weight at 1 + clip_eps_high and needs the cap.",
+                         "set algo.clip_eps_high=4.0 (TRL's epsilon_high = 5 is the cap 1 + 4)."))
+    # Off-policy only: with one update per batch the ratio to the rollout policy is exactly 1.
+    offpolicy = a.token_loss in ("gspo", "gspo_token", "cispo") or (a.token_loss == "clipped_ratio"
+                                                                    and a.clip_eps_high is not None)
+    if offpolicy and a.updates_per_batch == 1:
+        what = {"clipped_ratio": "clip_eps_high (clip-higher) never acts and the gradient is the unclipped one",
+                "cispo": "the CISPO weight is exactly 1 and the loss is reinforce's"}.get(
+            a.token_loss, "the sequence ratio is exactly 1, the clip never acts and the gradient is clipped_ratio's")
+        p.append(Problem("algo.updates_per_batch", 1,
+                         f"The {_RATIO_LOSSES[a.token_loss]} compares the policy with the one that sampled the batch "
+                         f"(old log-probs): with one update per rollout batch they are the same, so {what}.",
+                         "set algo.updates_per_batch=2 or more (old log-probs are computed once per batch), or a "
+                         "token loss whose meaning needs no ratio (reinforce; clipped_ratio without clip_eps_high)."))
+    if a.advantage in _BATCH_WHITENED and a.alpha_correction:
+        p.append(Problem("algo.alpha_correction", True,
+                         f"{a.advantage} whitens with the batch's statistics, so zero-variance groups carry gradient too "
+                         "and B/(B-M) would correct a shrinkage that does not happen.",
+                         "set algo.alpha_correction=false."))
+    r = cfg.rollout
+    f = a.overlong_buffer_fraction
+    if not 0 <= f < 1 or (f > 0 and round(f * r.max_new_tokens) < 1):
+        p.append(Problem("algo.overlong_buffer_fraction", f,
+                         f"L_cache = round(fraction x rollout.max_new_tokens={r.max_new_tokens}) must be at least one "
+                         "token and below L_max: the penalty ramps from L_max - L_cache to L_max.",
+                         "set it to 0 (off), or in (0, 1), e.g. 0.2 (DAPO: 4096 of 20480)."))
     return p
 
 

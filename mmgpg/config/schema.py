@@ -107,13 +107,24 @@ class AlgoConfig:
     """A label for logs and run names; the fields below define the algorithm (configs/algo/*.yaml set them together)."""
     advantage: str = "group_mean"
     """group_mean: r - mean (GPG, F_norm = 1); group_zscore: (r - mean)/(std + std_eps) (GRPO); group_stabilized:
-    (r - mean)/sqrt(var + std_eps) (Mroueh's stabilised whitening)."""
+    (r - mean)/sqrt(var + std_eps) (Mroueh's stabilised whitening); rloo: r - mean of the other G-1 samples;
+    reinforce_pp: (r - mu)/sqrt(var + std_eps) with the mean and variance of the whole step's batch (all ranks, every
+    token counted); reinforce_pp_baseline: the same whitening of r - group mean (REINFORCE++-baseline)."""
     std_eps: float = 1e-4
-    """The epsilon of group_zscore (added to the std) and of group_stabilized (added to the variance)."""
+    """The epsilon of group_zscore (added to the std), of group_stabilized and of reinforce_pp* (added to the
+    variance)."""
     token_loss: str = "reinforce"
-    """reinforce: -A log pi (GPG); clipped_ratio: the PPO/GRPO clipped surrogate with clip_eps."""
+    """reinforce: -A log pi (GPG); clipped_ratio: the PPO/GRPO clipped surrogate with clip_eps (and clip_eps_high:
+    DAPO's clip-higher); gspo / gspo_token: GSPO's length-normalised sequence ratio, clipped per sequence (its token
+    variant); cispo: -sg[min(ratio, 1 + clip_eps_high)] A log pi (CISPO)."""
     clip_eps: float = 0.2
-    """Clip range of clipped_ratio; only acts when updates_per_batch > 1 (with one update the ratio is exactly 1)."""
+    """Clip range of clipped_ratio, gspo and gspo_token: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high].
+    Only acts when updates_per_batch > 1 (with one update the ratio is exactly 1)."""
+    clip_eps_high: float | None = None
+    """Upper clip range of clipped_ratio, gspo and gspo_token (null: clip_eps, symmetric; DAPO 0.28, GSPO 4e-4), and
+    CISPO's cap on its weight, 1 + clip_eps_high (needed by cispo: 4.0). Needs updates_per_batch > 1 to act."""
+    cispo_eps_low: float | None = None
+    """CISPO's lower bound on its weight, 1 - cispo_eps_low (null: none, as MiniMax-M1 and TRL; verl clips both)."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to a frozen reference policy (GRPO: 0.04). A reference model exists only when > 0."""
     kl_estimator: str = "k3"
@@ -132,6 +143,18 @@ class AlgoConfig:
     """Most rollout attempts per step (the first included); after the last one the step proceeds with what it has."""
     zero_variance_tol: float = 0.0
     """A group has zero variance when max(r) - min(r) <= this (0: exactly equal rewards)."""
+    drop_zero_variance: bool = False
+    """Leave zero-variance groups out of the update instead of filling it with them (DAPO's dynamic sampling, with
+    min_valid_fraction 1): the update holds the informative groups only, fewer than train.prompts_per_step when the
+    attempts run out, and B and the token counts of the denominators count those only."""
+    overlong_buffer_fraction: float = 0.0
+    """DAPO's soft overlong punishment (eq. 13): L_cache = round(this x L_max), L_max = rollout.max_new_tokens (DAPO:
+    4096 of 20480 = 0.2). A completion longer than L_max - L_cache tokens gets (L_max - L_cache - L)/L_cache added to
+    its reward (down to -1) before the advantages; zero-variance groups are judged on the task's reward alone (DAPO
+    filters on accuracy). 0: off."""
+    overlong_filter: bool = False
+    """DAPO's overlong filtering: completions cut at rollout.max_new_tokens (no EOS) add nothing to the loss, and
+    their tokens are left out of the token counts of the denominators (TRL's mask_truncated_completions)."""
     updates_per_batch: int = 1
     """Optimizer steps per rollout batch (GRPO's mu). Above 1, old log-probs are computed once and the ratio clips."""
 

@@ -7,12 +7,14 @@ and ``mmgpg sample`` compute log-probs through these two.
 
 :func:`collect_groups` samples until the update's valid fraction reaches ``min_valid_fraction``.
 
-One step's update holds exactly ``per_rank`` groups on every rank. Each attempt samples ``per_rank`` new prompt
-groups per rank; after each attempt the ranks sum how many informative groups would enter the update
-(``min(valid so far, per_rank)`` per rank) and stop when ``(B - M) / B >= min_valid_fraction`` over all ranks, or
-after ``max_attempts`` attempts. The update is then assembled per rank by :func:`assemble_update`: informative
-groups first (earliest attempt first), then zero-variance groups (earliest attempt first) as filler; informative
-groups beyond ``per_rank`` are dropped and counted.
+One step's update holds exactly ``per_rank`` groups on every rank (at most that many with ``drop_zero_variance``).
+Each attempt samples ``per_rank`` new prompt groups per rank; after each attempt the ranks sum how many informative
+groups would enter the update (``min(valid so far, per_rank)`` per rank) and stop when ``(B - M) / B >=
+min_valid_fraction`` over all ranks, or after ``max_attempts`` attempts. The update is then assembled per rank by
+:func:`assemble_update`: informative groups first (earliest attempt first), then zero-variance groups (earliest
+attempt first) as filler; informative groups beyond ``per_rank`` are dropped and counted. DAPO's dynamic sampling is
+this loop with ``min_valid_fraction = 1`` and the filler left out (``drop_zero_variance``): then the update may hold
+fewer groups.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def group_logprobs(policy: Policy, batch: CompletionBatch, model: Any, rollout: 
 class Collected:
     """What one step's rollout phase hands to the advantages phase."""
 
-    update: list[Group]  # this rank's update batch (exactly per_rank groups)
+    update: list[Group]  # this rank's update batch (per_rank groups; fewer with drop_zero_variance)
     generated: list[Group]  # every group sampled on this rank, all attempts (logged and recorded)
     attempts: int
     dropped_valid_groups: int  # informative groups beyond per_rank on this rank
@@ -133,15 +135,17 @@ class Collected:
                 "rollout/dropped_valid_groups": float(self.dropped_valid_groups)}
 
 
-def assemble_update(generated: Sequence[Group], per_rank: int) -> tuple[list[Group], int]:
-    """This rank's update: informative groups first, then zero-variance filler, both in generation (attempt) order;
-    marks ``in_update`` on the chosen groups and returns ``(update, informative groups dropped)``.
+def assemble_update(generated: Sequence[Group], per_rank: int, *,
+                    drop_zero_variance: bool = False) -> tuple[list[Group], int]:
+    """This rank's update: informative groups first, then zero-variance filler (none with ``drop_zero_variance``:
+    DAPO's dynamic sampling), both in generation (attempt) order; marks ``in_update`` on the chosen groups and returns
+    ``(update, informative groups dropped)``.
 
     ``[v0, z0, v1]`` (attempt order) with ``per_rank = 2`` → ``[v0, v1]``, 0 dropped;
-    ``[z0, z1, v0]`` with ``per_rank = 2`` → ``[v0, z0]``.
+    ``[z0, z1, v0]`` with ``per_rank = 2`` → ``[v0, z0]`` (``[v0]`` with ``drop_zero_variance``).
     """
     valid = [g for g in generated if not g.zero_variance]
-    zero = [g for g in generated if g.zero_variance]
+    zero = [] if drop_zero_variance else [g for g in generated if g.zero_variance]
     update = valid[:per_rank] + zero[: max(per_rank - len(valid), 0)]
     for g in generated:
         g.in_update = False
@@ -151,9 +155,10 @@ def assemble_update(generated: Sequence[Group], per_rank: int) -> tuple[list[Gro
 
 
 def collect_groups(sample: Callable[[int], list[Group]], per_rank: int, *, min_valid_fraction: float,
-                   max_attempts: int, comm_device=None) -> Collected:
+                   max_attempts: int, comm_device=None, drop_zero_variance: bool = False) -> Collected:
     """Run ``sample(attempt)`` (which returns this rank's ``per_rank`` new groups) until the global valid fraction
-    of the update reaches ``min_valid_fraction`` or ``max_attempts`` attempts were made.
+    of the update reaches ``min_valid_fraction`` or ``max_attempts`` attempts were made; ``drop_zero_variance``
+    leaves the zero-variance filler out of the update (:func:`assemble_update`).
 
     Collective: every rank must call it (the stopping rule uses a sum over ranks, so all ranks stop together).
     """
@@ -168,5 +173,5 @@ def collect_groups(sample: Callable[[int], list[Group]], per_rank: int, *, min_v
         if attempts >= max_attempts or not algorithms.needs_more_groups(total, total - global_valid,
                                                                         min_valid_fraction):
             break
-    update, dropped = assemble_update(generated, per_rank)
+    update, dropped = assemble_update(generated, per_rank, drop_zero_variance=drop_zero_variance)
     return Collected(update, generated, attempts, dropped)

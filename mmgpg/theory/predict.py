@@ -49,7 +49,8 @@ def advantage_scale(advantage: str, G: int, std_eps: float) -> np.ndarray:
 
     * ``group_mean`` (GPG): ``s = 1``;
     * ``group_zscore`` (GRPO): ``s = 1/(std_unbiased + std_eps)``, ``std_unbiased = sqrt(G/(G-1) · p̂(1-p̂))``;
-    * ``group_stabilized``: ``s = 1/sqrt(p̂(1-p̂) + std_eps)`` (population variance).
+    * ``group_stabilized``: ``s = 1/sqrt(p̂(1-p̂) + std_eps)`` (population variance);
+    * ``rloo``: ``s = G/(G-1)`` (``r_i`` minus the mean of the others), so ``Ω_G ≡ 1`` exactly.
 
     ``advantage_scale("group_zscore", 4, 0)[2]`` = ``1/sqrt(4/3 · 1/4)`` = ``1.7320``.
     """
@@ -60,11 +61,13 @@ def advantage_scale(advantage: str, G: int, std_eps: float) -> np.ndarray:
     with np.errstate(divide="ignore"):  # k = 0, G with std_eps = 0: inf, always multiplied by p̂(1-p̂) = 0
         if advantage == "group_mean":
             return np.ones(G + 1)
+        if advantage == "rloo":
+            return np.full(G + 1, G / (G - 1))
         if advantage == "group_zscore":
             return 1.0 / (np.sqrt(var * G / (G - 1)) + std_eps)
         if advantage == "group_stabilized":
             return 1.0 / np.sqrt(var + std_eps)
-    raise ValueError(f"advantage must be group_mean, group_zscore or group_stabilized; got {advantage!r}")
+    raise ValueError(f"advantage must be one of {', '.join(GROUP_ADVANTAGES)}; got {advantage!r}")
 
 
 def omega_group(p: float, G: int, advantage: str, std_eps: float, q: float | None = None) -> float:
@@ -102,6 +105,85 @@ def _out(x: np.ndarray):
     return float(x) if np.ndim(x) == 0 else x
 
 
+GROUP_ADVANTAGES = ("group_mean", "group_zscore", "group_stabilized", "rloo")
+BATCH_ADVANTAGES = ("reinforce_pp", "reinforce_pp_baseline")  # whitened with the batch's statistics
+BATCH_EXACT_MAX = 256  # batch sizes n = P·G up to which the batch weight is enumerated exactly
+
+
+def batch_log_coefficients(advantage: str, G: int, P: int, std_eps: float) -> np.ndarray:
+    """``log c_S`` for ``S = 1..n-1`` successes in a batch of ``n = P·G`` samples, all of one prompt (the one-prompt
+    model), such that the batch weight is ``Ω_B(p) = Σ_S c_S p^(S-1) (1-p)^(n-S-1)`` (:func:`omega_batch`):
+
+    * ``reinforce_pp``: ``A = (r - p̂)/sqrt(σ² + ε)`` with the batch's ``p̂ = S/n`` and unbiased ``σ² = n/(n-1) p̂(1-p̂)``;
+      the batch's gradient in z is ``(1/n) Σ A_i (r_i - p) = p̂(1-p̂)/sqrt(σ² + ε)``, so
+      ``c_S = C(n, S) p̂(1-p̂)/sqrt(σ² + ε)``;
+    * ``reinforce_pp_baseline``: ``c_i = r_i - p̂_g`` whitened over the batch (their mean is 0): with
+      ``W = Σ_g k_g(G - k_g)`` the gradient is ``f(W) = (W/(nG))/sqrt(W/(G(n-1)) + ε)`` and
+      ``c_S = Σ_W N(S, W) f(W)``, ``N`` the number of ways (with multiplicity ``Π_g C(G, k_g)``) that P groups make S
+      successes and W (a convolution over groups).
+
+    ``batch_log_coefficients("reinforce_pp", 1, 2, 0)``: n = 2, S = 1: ``C(2,1) · ¼ / sqrt(2 · ¼)`` = √2/2.
+    """
+    n = P * G
+    if advantage == "reinforce_pp":
+        S = np.arange(1, n)
+        ph = S / n
+        var = n / (n - 1) * ph * (1 - ph)
+        log_comb = np.array([math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) for k in S])
+        return log_comb + np.log(ph * (1 - ph)) - 0.5 * np.log(var + std_eps)
+    if advantage != "reinforce_pp_baseline":
+        raise ValueError(f"a batch-whitened advantage is one of {', '.join(BATCH_ADVANTAGES)}; got {advantage!r}")
+    k = np.arange(G + 1)
+    w_of_k = k * (G - k)
+    log_c = np.array([math.log(math.comb(G, int(i))) for i in k])
+    w_max = P * (G * G // 4)
+    log_n = np.full((n + 1, w_max + 1), -np.inf)  # log N(S, W) over the groups so far
+    log_n[0, 0] = 0.0
+    for _ in range(P):
+        nxt = np.full_like(log_n, -np.inf)
+        for ki in k:
+            shifted = np.full_like(log_n, -np.inf)
+            shifted[ki:, w_of_k[ki]:] = log_n[: n + 1 - ki, : w_max + 1 - w_of_k[ki]] + log_c[ki]
+            nxt = np.logaddexp(nxt, shifted)
+        log_n = nxt
+    W = np.arange(w_max + 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_f = np.log(W / (n * G)) - 0.5 * np.log(W / (G * (n - 1)) + std_eps)
+    log_f[0] = -np.inf  # f(0) = 0: no group with both outcomes
+    terms = log_n[1:n] + log_f[None, :]
+    top = terms.max(axis=1, keepdims=True)
+    return top[:, 0] + np.log(np.exp(terms - top).sum(axis=1))
+
+
+def omega_batch(p, n: int, log_coeff: np.ndarray, q=None):
+    """``Σ_S c_S p^(S-1) q^(n-S-1)`` from :func:`batch_log_coefficients`, in log space (n may be hundreds)."""
+    p = np.asarray(p, dtype=float)[..., None]
+    q = 1.0 - p if q is None else np.asarray(q, dtype=float)[..., None]
+    S = np.arange(1, n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_terms = log_coeff + _xlog(S - 1, p) + _xlog(n - S - 1, q)
+    return _out(np.exp(log_terms).sum(axis=-1))
+
+
+def omega_batch_prime(p, n: int, log_coeff: np.ndarray, q=None):
+    """``dΩ_B/dp = Σ c_S [(S-1) p^(S-2) q^(n-S-1) - (n-S-1) p^(S-1) q^(n-S-2)]``."""
+    p = np.asarray(p, dtype=float)[..., None]
+    q = 1.0 - p if q is None else np.asarray(q, dtype=float)[..., None]
+    S = np.arange(1, n)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(S >= 2, np.exp(log_coeff + np.log(np.maximum(S - 1, 1)) + _xlog(S - 2, p) + _xlog(n - S - 1, q)),
+                     0.0)
+        b = np.where(n - S >= 2, np.exp(log_coeff + np.log(np.maximum(n - S - 1, 1)) + _xlog(S - 1, p)
+                                        + _xlog(n - S - 2, q)), 0.0)
+    return _out((a - b).sum(axis=-1))
+
+
+def _xlog(exponent, x):
+    """``exponent · log x`` with ``0 · log 0 = 0`` (and a negative exponent, never used, as 0)."""
+    exponent = np.maximum(exponent, 0)
+    return np.where(exponent == 0, 0.0, exponent * np.log(np.where(x > 0, x, 1.0)) + np.where(x > 0, 0.0, -np.inf))
+
+
 def omega_population(p: float, eps: float, q: float | None = None) -> float:
     """The paper's population weight ``Ω_ε(p) = ω⁺ + ω⁻ = (p(1-p) + ε)^(-1/2)``. ``omega_population(0.5, 0)`` = 2."""
     q = 1.0 - p if q is None else q
@@ -136,6 +218,31 @@ class Weight:
 def group_weight(G: int, advantage: str, std_eps: float) -> Weight:
     return Weight(lambda p, q: omega_group(p, G, advantage, std_eps, q),
                   lambda p, q: omega_group_prime(p, G, advantage, std_eps, q), f"Ω_G ({advantage}, G={G})")
+
+
+def batch_weight(G: int, P: int, advantage: str, std_eps: float) -> Weight:
+    """REINFORCE++(-baseline)'s weight when the whole batch (``P`` prompts over all ranks, ``G`` samples each) comes
+    from prompts of this p: exact for ``P·G <= BATCH_EXACT_MAX``, else the large-batch limit where the batch's
+    statistics equal their expectations, ``c / sqrt(n/(n-1) · c · p(1-p) + ε)`` with ``c = 1`` (reinforce_pp) or
+    ``1 - 1/G`` (the baseline's within-group variance)."""
+    n = P * G
+    if n <= BATCH_EXACT_MAX:
+        log_coeff = batch_log_coefficients(advantage, G, P, std_eps)
+        return Weight(lambda p, q: omega_batch(p, n, log_coeff, q), lambda p, q: omega_batch_prime(p, n, log_coeff, q),
+                      f"Ω_B ({advantage}, batch of P·G = {P}·{G}, exact)")
+    c = 1.0 if advantage == "reinforce_pp" else 1.0 - 1.0 / G
+    a = n / (n - 1) * c
+    return Weight(lambda p, q: c * (a * p * q + std_eps) ** -0.5,
+                  lambda p, q: -c * a * (q - p) / (2.0 * (a * p * q + std_eps) ** 1.5),
+                  f"Ω_B ({advantage}, batch of P·G = {P}·{G}, large-batch limit)")
+
+
+def configured_weight(cfg) -> Weight:
+    """The finite-group weight of ``algo.advantage``: per group, or per batch for the batch-whitened ones."""
+    a, G = cfg.algo, cfg.rollout.group_size
+    if a.advantage in BATCH_ADVANTAGES:
+        return batch_weight(G, cfg.train.prompts_per_step, a.advantage, a.std_eps)
+    return group_weight(G, a.advantage, a.std_eps)
 
 
 def population_weight(eps: float) -> Weight:
@@ -262,7 +369,8 @@ def coverage_probability(p_ref: float, G: int, visits: int) -> float:
 # --------------------------------------------------------------------------------------------------------------------
 
 FORMULAS = {
-    "omega_G": "Ω_G(p_ref) = E_k[p̂(1-p̂) s(k)] / (p(1-p)), k ~ Bin(G, p), s = the configured advantage's scale",
+    "omega_G": "Ω_G(p_ref) = E_k[p̂(1-p̂) s(k)] / (p(1-p)), k ~ Bin(G, p), s = the configured advantage's scale"
+               " (reinforce_pp*: Ω_B, the same with the batch's p̂ and σ over P·G samples of this p)",
     "zero_variance_probability": "P0 = p^G + (1-p)^G (group all-success or all-failure: no signal)",
     "k3": "k3 in the loss (forward-KL gradient): roots of β(p - p_ref) = p(1-p) Ω_G(p); first = gradient-flow limit;"
           " flow_rate = -d/dz[p(1-p)Ω_G - β(p - p_ref)] > 0 is attracting",
@@ -274,6 +382,28 @@ FORMULAS = {
     "gpg_drift_alpha": "with α = B/(B-M) over P = prompts_per_step groups of this p: (1-1/G) p(1-p) (1-P0^P)/(1-P0)",
     "coverage": "P(a success within V visits) = 1 - (1 - p_ref)^(G V); without one a prompt never gets a gradient",
 }
+
+
+def not_covered(cfg) -> list[str]:
+    """What of the configured objective the one-prompt, binary-outcome analysis leaves out, in plain words."""
+    a, notes = cfg.algo, []
+    if a.advantage in BATCH_ADVANTAGES:
+        notes.append(f"{a.advantage} whitens with the statistics of the whole batch: Ω_B assumes every one of its "
+                     f"P·G = {cfg.train.prompts_per_step}·{cfg.rollout.group_size} samples comes from a prompt of "
+                     "this p. In a batch of mixed prompts the whitening uses the batch's own spread, about the same "
+                     "1/σ_B for every prompt (a constant weight, like GPG's); training also counts every completion "
+                     "token in the statistics, one token per sample here.")
+    if a.updates_per_batch > 1 or a.token_loss in ("gspo", "gspo_token", "cispo"):
+        notes.append(f"token_loss={a.token_loss} with updates_per_batch={a.updates_per_batch}: the weights are those "
+                     "of a batch's first update, where the ratio is exactly 1 and the clipped ratio, GSPO, GSPO-token "
+                     "and CISPO all have REINFORCE's gradient; the later, clipped updates are not modelled.")
+    if a.overlong_buffer_fraction > 0 or a.overlong_filter:
+        notes.append("DAPO's overlong penalty and filter act on completion lengths, which the binary-outcome model "
+                     "does not have: not modelled.")
+    if a.drop_zero_variance:
+        notes.append("drop_zero_variance averages over informative groups only, as α = B/(B-M) does: read the 'drift "
+                     "α' column; the fixed points take α = 1 as for alpha_correction.")
+    return notes
 
 
 def predict(cfg, p_refs: list[float], visits: int = 10, paper_eps: float | None = None) -> dict:
@@ -288,7 +418,7 @@ def predict(cfg, p_refs: list[float], visits: int = 10, paper_eps: float | None 
     beta = a.kl_coef
     eps = paper_eps if paper_eps is not None else (a.std_eps if a.advantage == "group_stabilized" else 1e-5)
     configured = a.kl_estimator if beta > 0 and a.kl_estimator in ("k2", "k3") else None
-    weight, paper = group_weight(G, a.advantage, a.std_eps), population_weight(eps)
+    weight, paper = configured_weight(cfg), population_weight(eps)
     rows = []
     for p_ref in p_refs:
         if not 0.0 <= p_ref <= 1.0:
@@ -296,7 +426,7 @@ def predict(cfg, p_refs: list[float], visits: int = 10, paper_eps: float | None 
         interior = 0.0 < p_ref < 1.0
         row: dict = {
             "p_ref": p_ref,
-            "omega_G": omega_group(p_ref, G, a.advantage, a.std_eps),
+            "omega_G": float(weight.omega(p_ref, 1.0 - p_ref)),
             "zero_variance_probability": zero_variance_probability(p_ref, G),
             "gpg_drift": gpg_drift(p_ref, G),
             "gpg_drift_alpha": gpg_drift_alpha(p_ref, G, cfg.train.prompts_per_step),
@@ -311,8 +441,8 @@ def predict(cfg, p_refs: list[float], visits: int = 10, paper_eps: float | None 
     return {"objective": {"advantage": a.advantage, "std_eps": a.std_eps, "group_size": G, "kl_coef": beta,
                           "kl_estimator": a.kl_estimator, "configured_fixed_point": configured,
                           "alpha_correction": a.alpha_correction, "prompts_per_step": cfg.train.prompts_per_step,
-                          "visits": visits, "paper_eps": eps},
-            "formulas": FORMULAS, "rows": rows}
+                          "visits": visits, "paper_eps": eps, "weight": weight.label},
+            "formulas": FORMULAS, "not_covered": not_covered(cfg), "rows": rows}
 
 
 def predicted_limit(cfg, p_ref: float) -> float | None:
@@ -323,6 +453,6 @@ def predicted_limit(cfg, p_ref: float) -> float | None:
     a = cfg.algo
     if a.kl_coef <= 0 or a.kl_estimator == "k1":
         return None
-    weight = group_weight(cfg.rollout.group_size, a.advantage, a.std_eps)
+    weight = configured_weight(cfg)
     fn = k3_stationary_points if a.kl_estimator == "k3" else reverse_kl_fixed_points
     return fn(p_ref, a.kl_coef, weight)[0]["p"]

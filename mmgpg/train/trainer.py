@@ -4,12 +4,15 @@
    the task's rewards; while the update's valid fraction ``(B - M) / B`` is below ``algo.min_valid_fraction`` (β_th),
    draw more prompts (at most ``algo.max_resample_attempts`` attempts). The update holds exactly
    ``prompts_per_step / world_size`` groups per rank: informative groups first (attempt order), then zero-variance
-   groups; informative groups beyond that are dropped and counted.
-2. **advantages** — per group (:mod:`mmgpg.algorithms`); B, M and the token count of the update are summed over all
-   ranks; α = B / (B - M) and the aggregation denominator come from those global counts.
-3. **update** — log-probs of the forwarded groups in micro-batches (zero-variance groups carry no gradient and are
-   skipped unless a KL term needs them), loss = (α · Σ policy term + kl_coef · Σ KL term) / global denominator,
-   backward, gradients summed over ranks, clip, AdamW.
+   groups (none with ``algo.drop_zero_variance``, DAPO's dynamic sampling); informative groups beyond that are dropped
+   and counted.
+2. **advantages** — :class:`mmgpg.train.objective.Objective`: per group, or whitened with the batch's moments summed
+   over all ranks (REINFORCE++); B, M and the token count of the update are summed over all ranks; α = B / (B - M)
+   and the aggregation denominator come from those global counts.
+3. **update** — log-probs of the trained groups in micro-batches (zero-variance groups carry no gradient under a
+   group-relative advantage and are skipped unless a KL term needs them), loss = (α · Σ policy term + kl_coef · Σ KL
+   term) / global denominator, backward, gradients summed over ranks, clip, AdamW (``algo.updates_per_batch`` times,
+   with old log-probs computed once when it is above 1).
 
 The phase names are the timer names (``time/rollout``, ``time/advantages``, ``time/update``).
 """
@@ -35,6 +38,7 @@ from mmgpg.rollout.collect import Collected, Group, collate_groups, collect_grou
 from mmgpg.rundir import SuccessRecord, run_dir_path
 from mmgpg.task import SkipBadRows, build_task, first_items
 from mmgpg.train import resume
+from mmgpg.train.objective import Objective, StepCounts
 from mmgpg.train.runlog import RunLog
 from mmgpg.train.stream import PromptStream
 from mmgpg.utils import GracefulStop, PeakMemory, seed_everything
@@ -49,22 +53,6 @@ class StepState:
     optimizer_steps: int = 0
     nonfinite_steps: int = 0  # optimizer steps skipped because the loss or gradient norm was NaN/Inf
     nonfinite_streak: int = 0  # consecutive ones, for train.max_nonfinite_steps
-
-
-@dataclass(frozen=True)
-class StepCounts:
-    """The global (all-rank) counts of one step's update and what follows from them."""
-
-    num_samples: float  # B: samples in the update
-    num_zero_variance: float  # M: those in zero-variance groups
-    num_tokens: float  # completion tokens in the update
-    alpha: float | None  # B / (B - M) with algo.alpha_correction, 1.0 without; None when B == M (undefined)
-    denominator: float  # the aggregation's global denominator
-    skip: bool  # no informative sample and no KL term: the step has nothing to learn
-
-    @property
-    def valid_fraction(self) -> float:
-        return algorithms.valid_fraction(self.num_samples, self.num_zero_variance)
 
 
 class NonFiniteError(ValueError):
@@ -112,9 +100,9 @@ class Trainer:
         self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast,
                                    weights=self.backend.full_weights)
         self.sampling = Sampling.from_config(cfg.rollout)
-        a = cfg.algo  # the algorithm's functions with their hyper-parameters bound once
-        self.advantage_fn = algorithms.bind(algorithms.ADVANTAGES[a.advantage], std_eps=a.std_eps)
-        self.token_loss_fn = algorithms.bind(algorithms.TOKEN_LOSSES[a.token_loss], clip_eps=a.clip_eps)
+        # the algorithm's functions with their hyper-parameters bound once
+        self.objective = Objective(cfg.algo, cfg.rollout.max_new_tokens, self.policy.eos_token_ids)
+        self._spare: list[Group] = []  # a group of the last rollout: DeepSpeed's padding on a rank without groups
         if checkpoint is not None:
             self._resume(checkpoint)
         if self.dist.is_main:
@@ -156,8 +144,11 @@ class Trainer:
         (:func:`mmgpg.rollout.collect_groups`)."""
         a = self.cfg.algo
         with self.backend.generation_context():  # ZeRO-3: the weights gathered once for the whole rollout
-            return collect_groups(self._sample_groups, self.per_rank, min_valid_fraction=a.min_valid_fraction,
-                                  max_attempts=a.max_resample_attempts, comm_device=self.backend.comm_device)
+            collected = collect_groups(self._sample_groups, self.per_rank, min_valid_fraction=a.min_valid_fraction,
+                                       max_attempts=a.max_resample_attempts, comm_device=self.backend.comm_device,
+                                       drop_zero_variance=a.drop_zero_variance)
+        self._spare = collected.generated[:1]
+        return collected
 
     def _sample_groups(self, attempt: int) -> list[Group]:
         """One attempt: the next ``per_rank`` prompts of the stream, ``group_size`` completions each, scored."""
@@ -170,23 +161,9 @@ class Trainer:
     # ---- phase 2: advantages --------------------------------------------------------------------------------------
 
     def advantages(self, groups: list[Group]) -> StepCounts:
-        """Advantages of the update's groups (one call on the stacked ``[P, G]`` rewards), then the global counts
-        B, M and tokens → α and the aggregation denominator."""
-        a, G = self.cfg.algo, self.cfg.rollout.group_size
-        if groups:
-            rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
-            for g, adv in zip(groups, self.advantage_fn(rewards).tolist()):
-                g.advantages = adv
-        total = distributed.sum_counts({"num_samples": len(groups) * G,
-                                        "num_zero_variance": sum(G for g in groups if g.zero_variance),
-                                        "num_tokens": sum(g.num_tokens for g in groups)}, self.backend.comm_device)
-        num_samples, num_zero, num_tokens = total["num_samples"], total["num_zero_variance"], total["num_tokens"]
-        informative = num_samples - num_zero > 0
-        alpha = (algorithms.gpg_alpha(num_samples, num_zero) if a.alpha_correction else 1.0) if informative else None
-        denominator = algorithms.aggregation_denominator(a.aggregation, int(num_samples), int(num_tokens),
-                                                         self.cfg.rollout.max_new_tokens)
-        return StepCounts(num_samples, num_zero, num_tokens, alpha, denominator,
-                          skip=not informative and a.kl_coef == 0)
+        """Advantages of the update's groups and the global counts B, M and tokens → α and the aggregation
+        denominator (:meth:`mmgpg.train.objective.Objective.advantages`; collective)."""
+        return self.objective.advantages(groups, self.backend.comm_device)
 
     # ---- phase 3: update ------------------------------------------------------------------------------------------
 
@@ -197,18 +174,20 @@ class Trainer:
         return group_logprobs(policy, rollout, self.cfg.model, self.cfg.rollout, self.backend.autocast)
 
     def _micro_batches(self, groups: list[Group]) -> list[tuple[CompletionBatch, torch.Tensor, float]]:
-        """The forwarded groups (zero-variance ones only when a KL term needs them) as micro-batches of
-        ``train.micro_batch_prompts`` prompt groups, each with its advantages ``[rows]`` and its weight (1).
+        """The trained groups (:meth:`Objective.trains`: zero-variance ones only when a KL term or a batch-whitened
+        advantage needs them) as micro-batches of ``train.micro_batch_prompts`` prompt groups, each with its
+        advantages ``[rows]`` and its weight (1).
 
         With collectives inside forward/backward (``backend.equal_micro_batches``: DeepSpeed), a rank with fewer
         micro-batches than the busiest one appends copies of one of its groups with weight 0 (they add exactly 0)."""
-        forwarded = groups if self.cfg.algo.kl_coef > 0 else [g for g in groups if not g.zero_variance]
+        forwarded = self.objective.trains(groups)
         mb = self.cfg.train.micro_batch_prompts
         chunks = [forwarded[i : i + mb] for i in range(0, len(forwarded), mb)]
         micro = [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32), 1.0)
                  for c in chunks]
         most = distributed.all_max(len(micro), self.backend.comm_device) if self.backend.equal_micro_batches else 0
-        pad = (self._collate(groups[:1]), torch.zeros(self.cfg.rollout.group_size), 0.0) if most > len(micro) else None
+        spare = groups[:1] or self._spare  # drop_zero_variance: a rank may hold no group at all
+        pad = (self._collate(spare), torch.zeros(self.cfg.rollout.group_size), 0.0) if most > len(micro) else None
         return micro + [pad] * (int(most) - len(micro)) if pad else micro
 
     def _backward(self, micro, counts: StepCounts, old, ref, diff: LogprobDiff | None = None) -> tuple[float, float]:
@@ -224,9 +203,8 @@ class Trainer:
             if diff is not None and r.sampled_logprobs is not None:
                 diff.add(r.sampled_logprobs, logp, r.completion_mask)
             adv = adv.to(logp.device)
-            mask = r.completion_mask.to(logp.device)
-            per_token = self.token_loss_fn(logp, adv) if old_lp is None else self.token_loss_fn(logp, adv, old_logp=old_lp)
-            loss = alpha * algorithms.token_loss_sum(per_token, mask, a.aggregation) / counts.denominator
+            mask = self.objective.loss_mask(r).to(logp.device)  # the overlong filter clears truncated rows
+            loss = alpha * self.objective.policy_loss_sum(logp, adv, old_lp, mask) / counts.denominator
             policy_total += float(loss.detach())
             if ref_lp is not None:
                 kl_term = a.kl_coef * algorithms.token_loss_sum(algorithms.KL_ESTIMATORS[a.kl_estimator](logp, ref_lp),

@@ -5,6 +5,16 @@ The batch has unequal completion lengths (EOS-terminated and truncated), a zero-
 α = 4/3, where B/M = 4 would be wrong) and micro-batches. The measured relative error is ~4e-7 (float32), so the
 tolerance 1e-5 leaves a margin of 25x while every formula error seen so far moves the gradient by 30 % or more
 (α dropped: 0.33; per-rank denominators: 0.5 on two ranks; tokens summed instead of averaged per sequence: > 1).
+
+The baselines of issue 21 (RLOO, REINFORCE++(-baseline), DAPO with dynamic sampling, overlong penalty and filter,
+GSPO, GSPO-token, CISPO) are checked the same way, the off-policy losses on both optimizer steps of one batch: the
+second step's ratio is to the rollout weights, and the clip ranges are chosen so that tokens (sequences) clip on each
+side and others do not. Measured 2.7e-7 to 5.1e-7. Each of these breakages fails a test here (checked by breaking the
+code on purpose): the high clip bound used for the low side (or clip_eps_high not bound: symmetric), RLOO's baseline
+including the sample itself (0.25), REINFORCE++'s zero-variance groups left untrained (0.39) or its moments counted
+per sample instead of per token (0.093), the overlong penalty not added, the overlong filter applied to the mask but
+not to N or the other way round, dynamic sampling keeping the filler, GSPO's ratio not length-normalised, CISPO's
+weight not stop-gradient or its lower bound dropped.
 """
 
 from __future__ import annotations
@@ -13,13 +23,23 @@ import pytest
 from support.gradient_reference import (
     ALPHA,
     gpg_advantages,
+    group_centred,
+    load_weights,
     make_groups,
     make_trainer,
+    overlong_shaped,
     reference_gradient,
+    reference_loss_gradient,
+    reference_old_logprobs,
     relative_error,
+    rloo_advantages,
     trainer_gradient,
+    update_gradients,
+    whitened,
     zscore_advantages,
 )
+
+from mmgpg.rollout.collect import collect_groups
 
 TOL = 1e-5
 
@@ -80,3 +100,106 @@ def test_grpo_family_first_step_gradient_equals_the_reference(tiny_dirs, tmp_pat
         advs, aggregation = [gpg_advantages(g.rewards) for g in groups], "constant_length"
     want = reference_gradient(trainer, groups, advs, alpha=1.0, aggregation=aggregation)
     assert relative_error(trainer_gradient(trainer, groups), want) < TOL
+
+
+# ---- the baselines of issue 21 (the reference's formulas: tests/support/gradient_reference.py) -----------------------
+
+
+def test_rloo_gradient_equals_the_reference(tiny_dirs, tmp_path):
+    """RLOO: r_i minus the mean of the other three, REINFORCE over sequences x max_new_tokens, α = 1."""
+    trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "rloo")
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    want = reference_loss_gradient(trainer, groups, [rloo_advantages(g.rewards) for g in groups], loss="reinforce",
+                                   aggregation="constant_length")
+    assert relative_error(trainer_gradient(trainer, groups), want) < TOL
+
+
+@pytest.mark.parametrize("algo", ["reinforce_pp", "reinforce_pp_baseline"])
+def test_reinforce_pp_gradient_equals_the_reference(tiny_dirs, tmp_path, algo):
+    """REINFORCE++(-baseline): rewards (or r - group mean) whitened with the mean and unbiased variance over every
+    completion token of the batch; the zero-variance group gets a non-zero advantage and is trained too."""
+    trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), algo)
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    values = [g.rewards if algo == "reinforce_pp" else group_centred(g.rewards) for g in groups]
+    advs = whitened(values, [[len(c) for c in g.completion_ids] for g in groups])
+    assert all(a != 0 for a in advs[2])  # the zero-variance group: (r - μ)/σ with the batch's μ
+    want = reference_loss_gradient(trainer, groups, advs, loss="clipped_ratio", aggregation="token_mean")
+    assert relative_error(trainer_gradient(trainer, groups), want) < TOL
+
+
+def _update_against_reference(trainer, groups, advs, **loss):
+    """The trainer's two optimizer steps on one batch: the first (ratio 1) and the second (ratio to the rollout
+    weights, the clip acting) against the reference at the weights each was computed at."""
+    seen = update_gradients(trainer, groups)
+    assert len(seen) == 2
+    (w0, g0), (w1, g1) = seen
+    load_weights(trainer, w0)
+    old = reference_old_logprobs(trainer, groups)
+    first = relative_error(g0, reference_loss_gradient(trainer, groups, advs, **loss))
+    load_weights(trainer, w1)
+    second = relative_error(g1, reference_loss_gradient(trainer, groups, advs, old=old, **loss))
+    new = reference_old_logprobs(trainer, groups)
+    return first, second, old, new
+
+
+def _clip_cases(advs, old, new, lo, hi):
+    """Tokens of each kind in the second step: (A > 0 clipped above, A < 0 clipped below, A < 0 with ratio in
+    (1 - hi, 1 - lo): clipped only if the low side uses lo, unclipped)."""
+    above = below = between = free = 0
+    for ga, go, gn in zip(advs, old, new):
+        for A, o, n in zip(ga, go, gn):
+            for r in (n - o).exp().tolist():
+                above += A > 0 and r > 1 + hi
+                below += A < 0 and r < 1 - lo
+                between += A < 0 and 1 - hi < r < 1 - lo
+                free += A != 0 and 1 - lo <= r <= 1 + hi
+    return above, below, between, free
+
+
+@pytest.mark.parametrize("overlong_filter", [False, True])
+def test_dapo_updates_equal_the_reference(tiny_dirs, tmp_path, overlong_filter):
+    """DAPO: dynamic sampling without filler (the zero-variance group leaves the update: B = 12 and N counts the three
+    groups' tokens), z-scored advantages of the rewards plus the soft overlong penalty (L_max 12, L_cache 6), the
+    clip-higher surrogate (0.2 below, 0.28 above) over all tokens; with the overlong filter the truncated completions
+    leave the loss and N. Both optimizer steps of a batch: the second one clips on both sides."""
+    trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "dapo", "train.learning_rate=1e-3",
+                           "algo.overlong_buffer_fraction=0.5", f"algo.overlong_filter={str(overlong_filter).lower()}")
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    update = collect_groups(lambda attempt: groups, 4, min_valid_fraction=1.0, max_attempts=1,
+                            drop_zero_variance=True).update
+    assert [g.example for g in update] == [groups[i].example for i in (0, 1, 3)]
+    advs = [zscore_advantages(overlong_shaped(g.rewards, [len(c) for c in g.completion_ids], 12, 6), eps=1e-6)
+            for g in update]
+    first, second, old, new = _update_against_reference(trainer, update, advs, loss="clipped_ratio",
+                                                        aggregation="token_mean", lo=0.2, hi=0.28,
+                                                        filtered=overlong_filter)
+    assert first < TOL and second < TOL
+    assert all(n > 0 for n in _clip_cases(advs, old, new, 0.2, 0.28))
+
+
+@pytest.mark.parametrize("algo", ["gspo", "gspo_token"])
+def test_gspo_updates_equal_the_reference(tiny_dirs, tmp_path, algo):
+    """GSPO and GSPO-token: the length-normalised sequence ratio clipped per sequence (here 0.05 below, 0.1 above,
+    so that some sequences clip and some do not), z-scored advantages, the mean over sequences."""
+    trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), algo, "algo.clip_eps=0.05",
+                           "algo.clip_eps_high=0.1")
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    advs = [zscore_advantages(g.rewards) for g in groups]
+    first, second, old, new = _update_against_reference(trainer, groups, advs, loss=algo,
+                                                        aggregation="seq_mean_token_mean", lo=0.05, hi=0.1)
+    assert first < TOL and second < TOL
+    ratios = [float((n - o).mean().exp()) for go, gn in zip(old, new) for o, n in zip(go, gn)]
+    assert any(r > 1.1 for r in ratios) and any(r < 0.95 for r in ratios) and any(0.95 < r < 1.1 for r in ratios)
+
+
+def test_cispo_updates_equal_the_reference(tiny_dirs, tmp_path):
+    """CISPO: -sg[clip(ρ, 1 - 0.1, 1 + 0.1)] A log π over all tokens (bounds chosen so that both act), z-scores."""
+    trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "cispo", "algo.clip_eps_high=0.1",
+                           "algo.cispo_eps_low=0.1")
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    advs = [zscore_advantages(g.rewards) for g in groups]
+    first, second, old, new = _update_against_reference(trainer, groups, advs, loss="cispo",
+                                                        aggregation="token_mean", hi=0.1, cispo_low=0.1)
+    assert first < TOL and second < TOL
+    ratios = [r for go, gn in zip(old, new) for o, n in zip(go, gn) for r in (n - o).exp().tolist()]
+    assert any(r > 1.1 for r in ratios) and any(r < 0.9 for r in ratios)

@@ -84,7 +84,7 @@ def test_an_engine_backend_and_advantage_registered_from_a_plugin_drive_training
     assert isinstance(trainer.engine, seam_plugin.CountingEngine)
     assert isinstance(trainer.backend, seam_plugin.CountingBackend)
     rewards = torch.tensor([[1.0, 0.0]])
-    assert torch.equal(trainer.advantage_fn(rewards), torch.tensor([[1.0, -1.0]]))  # the plugin's, not GPG's 0.5
+    assert torch.equal(trainer.objective.advantage_fn(rewards), torch.tensor([[1.0, -1.0]]))  # the plugin's, not GPG's 0.5
     trainer.train()
     # step-0 evaluation (greedy, one completion), the rollout (G = 2 at T = 1), the step-1 evaluation
     assert seam_plugin.CountingEngine.calls == [(1, 0.0), (2, 1.0), (1, 0.0)]

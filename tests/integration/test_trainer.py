@@ -72,6 +72,40 @@ def test_train_cli_runs_each_algorithm(tmp_path, algo):
     AutoModelForImageTextToText.from_pretrained(run / "checkpoints" / "step-00000002" / "policy")
 
 
+# The baselines of issue 21 and the GPG paper's Table 9 ablations, each from its configs/algo file as it stands.
+BASELINES = ["dapo", "gspo", "gspo_token", "cispo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gpg_kl",
+             "gpg_clip", "gpg_token_mean"]
+
+
+@pytest.mark.parametrize("algo", BASELINES)
+def test_train_cli_runs_each_baseline(tmp_path, algo):
+    """`mmgpg train algo=NAME` for 2 steps on CPU: finite losses, a real update, updates_per_batch optimizer steps
+    per rollout batch, and DAPO's dynamic sampling keeps zero-variance groups out of the update."""
+    run = tmp_path / algo
+    run_cli("train", f"algo={algo}", f"task={FIXTURES}:ParityShapes", *TINY, "train.max_steps=2", "train.save_every=1",
+            f"output_dir={run}")
+    cfg = resolve([f"algo={algo}"]).config.algo
+    metrics = read_metrics(run)
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["loss/policy"] == m["loss/policy"] and abs(m["loss/policy"]) < 1e3 for m in metrics)
+    state = torch.load(run / "checkpoints" / "step-00000002" / "trainer_state.pt", weights_only=False)["counters"]
+    assert state["optimizer_steps"] == (2 - state["skipped_steps"]) * cfg.updates_per_batch
+    if metrics[1]["gpg/skipped_steps"] == metrics[0]["gpg/skipped_steps"]:  # step 2 updated: the weights moved
+        # (grad_norm is the last update's: GSPO's 3e-4 clip can zero the second one, the first is never clipped)
+        one, two = _final_params(run, 1), _final_params(run, 2)
+        assert any(not torch.equal(one[k], two[k]) for k in one)
+    records = [json.loads(x) for x in (run / "prompt_success.jsonl").read_text().splitlines()]
+    for m in metrics:
+        update = [r for r in records if r["step"] == m["step"] and r["in_update"]]
+        assert m["gpg/num_samples"] == 4 * len(update)
+        if algo == "dapo":  # dynamic sampling: informative groups only, no filler
+            assert not any(r["zero_variance"] for r in update) and m["gpg/num_zero_variance"] == 0
+        else:
+            assert len(update) == 4
+    if cfg.kl_coef > 0:
+        assert metrics[1]["loss/kl"] > 0
+
+
 def test_resampling_until_the_valid_fraction_reaches_beta(tmp_path):
     cfg = resolve([f"task={FIXTURES}:HalfSolvedShapes", *TINY, "train.max_steps=3", "algo.min_valid_fraction=0.75",
                    "algo.max_resample_attempts=6", f"output_dir={tmp_path / 'r'}"])
@@ -199,7 +233,7 @@ def test_all_zero_variance_steps_are_skipped_but_advance_the_schedule(tmp_path):
     assert all(torch.equal(before[n], p) for n, p in trainer.policy.model.named_parameters())
 
 
-def test_updates_per_batch_2_ratio_is_1_then_clips(tiny_dirs, tmp_path, monkeypatch):
+def test_updates_per_batch_2_ratio_is_1_then_clips(tiny_dirs, tmp_path):
     """GRPO's μ = 2: the first iteration's ratio is exactly 1 (old log-probs = current ones), the second sees moved
     weights, and at a small clip_eps the clip engages (the clipped surrogate differs from ratio · A)."""
     from support.gradient_reference import make_groups, make_trainer
@@ -213,25 +247,25 @@ def test_updates_per_batch_2_ratio_is_1_then_clips(tiny_dirs, tmp_path, monkeypa
         seen.append((logp.detach().clone(), old_logp.clone(), adv.clone()))
         return real(logp, adv, old_logp, clip_eps)
 
-    algorithms.TOKEN_LOSSES.register("clipped_ratio", spy, replace=True)  # the registry's own API
+    algorithms.TOKEN_LOSSES.register("clipped_ratio", spy, replace=True)  # the trainer binds it once, at start
     try:
         trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "grpo", "algo.updates_per_batch=2",
                                "algo.clip_eps=0.001", "algo.kl_coef=0", "train.learning_rate=1e-2")
-        groups = make_groups(trainer, [0, 1, 2, 3])
-        stats = trainer.update(groups, trainer.advantages(groups))
-        assert trainer.state.optimizer_steps == 2 and stats["grad_norm"] > 0
-        micro = len(seen) // 2
-        assert micro == 3  # three informative groups, one per micro-batch, twice
-        for logp, old, _ in seen[:micro]:
-            assert torch.equal(logp, old)  # ratio exactly 1
-        clipped = 0
-        for logp, old, adv in seen[micro:]:
-            ratio = torch.exp(logp - old)
-            surrogate = ratio * adv[:, None]
-            clipped += int((real(logp, adv, old, 0.001) != -surrogate).sum())
-        assert clipped > 0
     finally:
         algorithms.TOKEN_LOSSES.register("clipped_ratio", real, replace=True)
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    stats = trainer.update(groups, trainer.advantages(groups))
+    assert trainer.state.optimizer_steps == 2 and stats["grad_norm"] > 0
+    micro = len(seen) // 2
+    assert micro == 3  # three informative groups, one per micro-batch, twice
+    for logp, old, _ in seen[:micro]:
+        assert torch.equal(logp, old)  # ratio exactly 1
+    clipped = 0
+    for logp, old, adv in seen[micro:]:
+        ratio = torch.exp(logp - old)
+        surrogate = ratio * adv[:, None]
+        clipped += int((real(logp, adv, old, 0.001) != -surrogate).sum())
+    assert clipped > 0
 
 
 def test_nonfinite_gradients_skip_the_step_then_stop(tiny_dirs, tmp_path):

@@ -39,3 +39,27 @@ def test_demo_table_mean_and_spread(tmp_path):
     assert "| 0 | 0.500 | 0.700 | +0.200 | 0.250 | 0.500 | +0.250 |" in text
     # gains +0.2 and 0.0: mean 0.1, sample std sqrt(0.02) = 0.141
     assert "**0.100 ± 0.141**" in text and "**0.250 ± 0.000**" in text
+
+
+def test_compare_algos_summary_counts_generated_completions_and_plots(tmp_path):
+    """bench/compare_algos.py on hand-made metrics: accuracies from the first and last evaluation, completions
+    generated = attempts x prompts x G, tokens per step = those x mean completion tokens, one PNG of the curves."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compare_algos", REPO / "bench" / "compare_algos.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for seed, attempts in ((0, [1, 2]), (1, [1, 1])):
+        run = tmp_path / f"dapo-seed{seed}"
+        run.mkdir()
+        rows = [{"step": 0, "eval/accuracy": 0.5, "eval/sampled_accuracy": 0.25}]
+        rows += [{"step": i + 1, "time/step": 1.0 + seed, "rollout/resample_attempts": a, "rollout/completion_tokens": 10.0,
+                  "reward/total": 0.5 + 0.1 * i} for i, a in enumerate(attempts)]
+        rows[-1].update({"eval/accuracy": 0.6 + 0.1 * seed, "eval/sampled_accuracy": 0.5})
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    got = module.summarise(tmp_path, "dapo", [0, 1], per_attempt=8)
+    assert got["greedy"] == [0.6, 0.7] and got["sampled_start"] == [0.25, 0.25]
+    assert got["generated"] == [24, 16] and got["tokens_per_step"] == [120.0, 80.0]
+    assert got["seconds"] == [1.0, 2.0] and got["curve"] == [0.5, 0.6]
+    module.plot_rewards({"dapo": got["curve"]}, tmp_path / "curves.png", "test")
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"

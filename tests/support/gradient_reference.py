@@ -15,6 +15,7 @@ vanishes at the reference weights, so GRPO's first-step gradient has the same fo
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import torch
@@ -71,8 +72,13 @@ def zscore_advantages(rewards: list[float], eps: float = 1e-4) -> list[float]:
 
 
 def sequence_logprob_sum(policy, example, prompt, completion: list[int], temperature: float = 1.0) -> torch.Tensor:
-    """Σ_t log π(o_t) of one completion: one unpadded sequence through model.forward, full logits / temperature,
-    log-softmax over the vocabulary the sampler may emit (vision special tokens excluded)."""
+    """Σ_t log π(o_t) of one completion (:func:`sequence_token_logprobs` summed)."""
+    return sequence_token_logprobs(policy, prompt, completion, temperature).sum()
+
+
+def sequence_token_logprobs(policy, prompt, completion: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """``[T]``: log π(o_t) of each token of one completion: one unpadded sequence through model.forward, full logits /
+    temperature, log-softmax over the vocabulary the sampler may emit (vision special tokens excluded)."""
     batch = policy.encode_prompts([prompt])
     prompt_ids = batch.input_ids[0]
     ids = torch.cat([prompt_ids, torch.tensor(completion)])[None]
@@ -84,7 +90,7 @@ def sequence_logprob_sum(policy, example, prompt, completion: list[int], tempera
     logits = logits.float() / temperature
     logits[:, policy.vision_token_ids] = float("-inf")
     logp = torch.log_softmax(logits, -1)[len(prompt_ids) - 1 : -1]
-    return logp.gather(-1, torch.tensor(completion)[:, None]).sum()
+    return logp.gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
 
 def reference_gradient(trainer, groups, advantages: list[list[float]], *, alpha: float, aggregation: str,
@@ -135,3 +141,131 @@ def relative_error(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     norm = sum(float(b[k].double().pow(2).sum()) for k in b)
     assert norm > 0, "the reference gradient is zero: the test would not see anything"
     return (diff / norm) ** 0.5
+
+
+# ---- the baselines of issue 21: advantages and losses written by hand ------------------------------------------------
+#
+# RLOO:               A_i = r_i - (Σ_{j≠i} r_j) / (G - 1)
+# REINFORCE++:        A_i = (r_i - μ) / sqrt(σ² + ε), μ and σ² (unbiased) over every completion token of the batch
+# REINFORCE++-base:   the same whitening of c_i = r_i - group mean
+# DAPO overlong:      r_i + min(0, max(-1, (L_max - L_cache - L_i) / L_cache))
+# token losses, ρ_t = exp(log π(o_t) - log π_old(o_t)), clip(x) = min(max(x, 1 - lo), 1 + hi):
+#   clipped_ratio     ℓ_t = -min(ρ_t A, clip(ρ_t) A)
+#   gspo              ℓ_t = -min(s A, clip(s) A) for every t, s = exp(mean_t (log π - log π_old))
+#   gspo_token        ℓ_t = -min(s_t A, clip(s_t) A), s_t = sg[s] · π(o_t) / sg[π(o_t)]
+#   cispo             ℓ_t = -sg[min(max(ρ_t, 1 - lo), 1 + hi)] · A · log π(o_t)  (lo = None: no lower bound)
+# and the policy loss α / D · Σ_i (Σ_t ℓ_t / |o_i| for seq_mean_token_mean, Σ_t ℓ_t otherwise), D = B, N or B·T.
+
+
+def rloo_advantages(rewards: list[float]) -> list[float]:
+    G = len(rewards)
+    return [r - (sum(rewards) - r) / (G - 1) for r in rewards]
+
+
+def whitened(values: list[list[float]], weights: list[list[int]], eps: float = 1e-8) -> list[list[float]]:
+    """(v - μ) / sqrt(σ² + eps) with the weight-counted mean and unbiased variance over every group (all ranks)."""
+    flat = [(v, w) for vs, ws in zip(values, weights) for v, w in zip(vs, ws)]
+    n = sum(w for _, w in flat)
+    mean = sum(v * w for v, w in flat) / n
+    var = sum(w * (v - mean) ** 2 for v, w in flat) / (n - 1)
+    return [[(v - mean) / math.sqrt(var + eps) for v in vs] for vs in values]
+
+
+def overlong_shaped(rewards: list[float], lengths: list[int], max_len: int, cache: int) -> list[float]:
+    return [r + min(0.0, max(-1.0, (max_len - cache - n) / cache)) for r, n in zip(rewards, lengths)]
+
+
+def is_truncated(trainer, completion: list[int]) -> bool:
+    return not completion or completion[-1] not in trainer.policy.eos_token_ids
+
+
+def token_losses(loss: str, logp: torch.Tensor, old: torch.Tensor, A: float, lo: float, hi: float,
+                 cispo_low: float | None = None) -> torch.Tensor:
+    """ℓ_t of one sequence by the formulas above (``old`` is a constant)."""
+    def clip(x):
+        return torch.clamp(x, 1 - lo, 1 + hi)
+
+    if loss == "reinforce":
+        return -A * logp
+    if loss == "clipped_ratio":
+        ratio = torch.exp(logp - old)
+        return -torch.minimum(ratio * A, clip(ratio) * A)
+    if loss == "gspo":
+        s = torch.exp((logp - old).mean())
+        return (-torch.minimum(s * A, clip(s) * A)).expand(len(logp))
+    if loss == "gspo_token":
+        s_t = torch.exp((logp - old).mean()).detach() * torch.exp(logp - logp.detach())
+        return -torch.minimum(s_t * A, clip(s_t) * A)
+    if loss == "cispo":
+        ratio = torch.exp(logp - old).detach()
+        weight = torch.clamp(ratio, None if cispo_low is None else 1 - cispo_low, 1 + hi)
+        return -weight * A * logp
+    raise ValueError(loss)
+
+
+def reference_loss_gradient(trainer, groups, advantages: list[list[float]], *, loss: str, aggregation: str,
+                            alpha: float = 1.0, old: list[list[torch.Tensor]] | None = None, lo: float = 0.2,
+                            hi: float = 0.2, cispo_low: float | None = None,
+                            filtered: bool = False) -> dict[str, torch.Tensor]:
+    """∇ of the loss above, one sequence at a time, with old log-probs ``old[g][j]`` (None: the current weights', a
+    ratio of 1) and ``filtered``: truncated completions out of the loss and of N (DAPO's overlong filter)."""
+    policy, model = trainer.policy, trainer.policy.model
+    model.zero_grad(set_to_none=True)
+    B = sum(len(g.completion_ids) for g in groups)
+    kept = [[not (filtered and is_truncated(trainer, c)) for c in g.completion_ids] for g in groups]
+    N = sum(len(c) for g, ks in zip(groups, kept) for c, k in zip(g.completion_ids, ks) if k)
+    denominator = {"seq_mean_token_mean": B, "token_mean": N,
+                   "constant_length": B * trainer.cfg.rollout.max_new_tokens}[aggregation]
+    for gi, (g, advs) in enumerate(zip(groups, advantages)):
+        prompt = trainer.task.prompt(g.example)
+        for j, (completion, A) in enumerate(zip(g.completion_ids, advs)):
+            if A == 0 or not kept[gi][j]:
+                continue
+            logp = sequence_token_logprobs(policy, prompt, completion)
+            o = logp.detach() if old is None else old[gi][j]
+            per_token = token_losses(loss, logp, o, A, lo, hi, cispo_low)
+            total = per_token.sum() / len(completion) if aggregation == "seq_mean_token_mean" else per_token.sum()
+            (alpha * total / denominator).backward()
+    out = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()
+           if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def reference_old_logprobs(trainer, groups) -> list[list[torch.Tensor]]:
+    """Each completion's token log-probs at the current weights, as constants."""
+    with torch.no_grad():
+        return [[sequence_token_logprobs(trainer.policy, trainer.task.prompt(g.example), c) for c in g.completion_ids]
+                for g in groups]
+
+
+def update_gradients(trainer, groups) -> list[tuple[dict, dict]]:
+    """Run the trainer's real update (``algo.updates_per_batch`` optimizer steps on these groups) and return, for
+    each optimizer step, the weights it was computed at and the summed gradient it received before clipping (read
+    by a wrapper around the backend's own step, which then runs)."""
+    model, real_step, seen = trainer.policy.model, trainer.backend.step, []
+
+    def recording_step():
+        params = dict(model.named_parameters())
+        seen.append(({n: p.detach().clone() for n, p in params.items()},
+                     {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in params.items()
+                      if p.requires_grad}))
+        return real_step()
+
+    trainer.backend.step = recording_step
+    try:
+        trainer.update(groups, trainer.advantages(groups))
+    finally:
+        trainer.backend.step = real_step
+    return seen
+
+
+def load_weights(trainer, weights: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for n, p in trainer.policy.model.named_parameters():
+            p.copy_(weights[n])
+
+
+def group_centred(rewards: list[float]) -> list[float]:
+    mean = statistics.fmean(rewards)
+    return [r - mean for r in rewards]

@@ -24,11 +24,14 @@ import torch.multiprocessing as mp
 from support import FIXTURE_TASKS
 from support.gradient_reference import (
     gpg_advantages,
+    group_centred,
     make_groups,
     make_trainer,
     reference_gradient,
+    reference_loss_gradient,
     relative_error,
     trainer_gradient,
+    whitened,
     zscore_advantages,
 )
 
@@ -77,6 +80,45 @@ def test_two_ranks_sum_to_the_single_process_gradient(tiny_dirs, tmp_path, algo)
         assert r["counts"]["num_samples"] == 16 and r["counts"]["num_zero_variance"] == 4
         assert r["counts"]["alpha"] == (16 / 12 if algo == "gpg" else 1.0)
     assert rank0["counts"] == rank1["counts"]
+
+
+def _split_worker(rank: int, world: int, init_file: str, model_dir: str, out: str, algo: str, split) -> None:
+    _init(rank, world, init_file)
+    try:
+        trainer = make_trainer(model_dir, f"{out}/dist", algo)
+        groups = make_groups(trainer, split[rank])
+        counts = trainer.advantages(groups)
+        torch.save({"counts": vars(counts).copy(), "grad": trainer_gradient(trainer, groups),
+                    "advantages": [g.advantages for g in groups]}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("algo", "split"), [
+    ("reinforce_pp", [[0, 1], [2, 3]]),
+    ("reinforce_pp_baseline", [[0, 1], [2, 3]]),
+    ("reinforce_pp", [[0, 1, 2, 3], []]),  # a rank without groups still joins the moments' all-reduce
+])
+def test_reinforce_pp_whitens_with_the_statistics_of_all_ranks(tiny_dirs, tmp_path, algo, split):
+    """REINFORCE++ over two ranks: the advantages and the summed gradient equal one process on the union of the
+    groups, and the reference whitened over every token of all four groups. Per-rank statistics would give rank 0
+    the moments of [[1, 0, 0, 1], [0, 1, 1, 1]] alone (checked: normalising per rank fails this test)."""
+    model_dir = str(tiny_dirs["qwen2_vl"])
+    mp.spawn(_split_worker, args=(2, str(tmp_path / "init"), model_dir, str(tmp_path), algo, split), nprocs=2,
+             join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    single_trainer = make_trainer(model_dir, str(tmp_path / "single"), algo)
+    groups = make_groups(single_trainer, [0, 1, 2, 3])
+    single = trainer_gradient(single_trainer, groups)
+    flat = [a for r in ranks for adv in r["advantages"] for a in adv]
+    assert flat == pytest.approx([a for g in groups for a in g.advantages], abs=1e-12)
+    assert relative_error(ranks[0]["grad"], single) < TOL and relative_error(ranks[1]["grad"], single) < TOL
+    values = [g.rewards if algo == "reinforce_pp" else group_centred(g.rewards) for g in groups]
+    advs = whitened(values, [[len(c) for c in g.completion_ids] for g in groups])
+    want = reference_loss_gradient(single_trainer, groups, advs, loss="clipped_ratio", aggregation="token_mean")
+    assert relative_error(ranks[0]["grad"], want) < TOL
+    assert ranks[0]["counts"] == ranks[1]["counts"] and ranks[0]["counts"]["alpha"] == 1.0
 
 
 # ---- the β_th collection loop with a scripted sampler ----------------------------------------------------------------

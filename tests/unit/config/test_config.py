@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import yaml
+from support import REPO
 
 from mmgpg.config import (
     Config,
@@ -171,3 +172,46 @@ def test_temperature_zero_is_a_config_error_naming_the_key():
         resolve(["rollout.temperature=0"])
     assert [p.key for p in info.value.problems] == ["rollout.temperature"]
     assert "zero variance" in str(info.value)
+
+
+# ---- configs/algo: every file validates; the baselines' keys are checked ---------------------------------------------
+
+ALGO_DIR = REPO / "configs" / "algo"
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in ALGO_DIR.glob("*.yaml")))
+def test_every_algo_file_resolves_and_validates(name):
+    """Each configs/algo/NAME.yaml of this checkout (config_dirs puts it first) resolves with the task and model of
+    the CPU runs, sets only schema fields, and labels itself NAME."""
+    for extra in ([], ["task=shapes", "model=tiny"], ["task=shapes_parity", "model=tiny", "rollout.max_new_tokens=12"]):
+        cfg = resolve([f"algo={name}", *extra], config_dirs=[REPO / "configs"]).config
+        assert cfg.algo.name == name
+    assert len(list(ALGO_DIR.glob("*.yaml"))) >= 19  # the 10 of before issue 21 and its 9
+
+
+@pytest.mark.parametrize(("overrides", "key", "words"), [
+    (["algo.token_loss=reinforce", "algo.clip_eps_high=0.28"], "algo.clip_eps_high", "has no ratio to clip"),
+    (["algo.token_loss=cispo", "algo.updates_per_batch=2"], "algo.clip_eps_high", "needs the cap"),
+    (["algo.token_loss=cispo", "algo.clip_eps_high=4", "algo.cispo_eps_low=1.5", "algo.updates_per_batch=2"],
+     "algo.cispo_eps_low", "must lie in [0, 1)"),
+    (["algo.token_loss=clipped_ratio", "algo.cispo_eps_low=0.2"], "algo.cispo_eps_low", "Only the cispo"),
+    (["algo.token_loss=gspo"], "algo.updates_per_batch", "the sequence ratio is exactly 1"),
+    (["algo.token_loss=gspo_token"], "algo.updates_per_batch", "the sequence ratio is exactly 1"),
+    (["algo.token_loss=cispo", "algo.clip_eps_high=4"], "algo.updates_per_batch", "the CISPO weight is exactly 1"),
+    (["algo.token_loss=clipped_ratio", "algo.clip_eps_high=0.28"], "algo.updates_per_batch", "never acts"),
+    (["algo.advantage=reinforce_pp", "algo.alpha_correction=true"], "algo.alpha_correction", "carry gradient"),
+    (["algo.overlong_buffer_fraction=1.0"], "algo.overlong_buffer_fraction", "below L_max"),
+    (["algo.overlong_buffer_fraction=0.01", "rollout.max_new_tokens=12"], "algo.overlong_buffer_fraction",
+     "at least one token"),
+])
+def test_baseline_keys_that_cannot_act_are_problems(overrides, key, words):
+    with pytest.raises(ConfigError) as err:
+        resolve(overrides)
+    problems = [p for p in err.value.problems if p.key == key]
+    assert problems and any(words in p.why for p in problems), [str(p) for p in err.value.problems]
+
+
+def test_off_policy_methods_validate_with_two_updates():
+    for overrides in (["algo.token_loss=gspo"], ["algo.token_loss=cispo", "algo.clip_eps_high=4"],
+                      ["algo.token_loss=clipped_ratio", "algo.clip_eps_high=0.28"]):
+        assert resolve([*overrides, "algo.updates_per_batch=2"]).config.algo.updates_per_batch == 2

@@ -19,6 +19,7 @@ from scipy.optimize import brentq
 
 from mmgpg import algorithms as A
 from mmgpg.theory.predict import (
+    batch_weight,
     binomial_pmf,
     group_weight,
     k3_stationary_points,
@@ -42,9 +43,13 @@ def expected_ascent(z: float, G: int, *, P: int = 1, advantage: str = "group_mea
         weight = float(math.prod(pmf[k] for k in ks))
         rewards = torch.tensor([[1.0] * k + [0.0] * (G - k) for k in ks], dtype=torch.float64)
         num_samples, num_zero = P * G, G * int(A.zero_variance_mask(rewards).sum())
-        if num_samples == num_zero and beta == 0:
+        fn = A.ADVANTAGES[advantage]
+        whitened = getattr(fn, "batch_moments_of", None)  # REINFORCE++: the batch's moments, one token per sample
+        signal = bool(rewards.max() > rewards.min()) if whitened else num_samples > num_zero
+        if not signal and beta == 0:
             continue  # the trainer skips the step
-        adv = A.bind(A.ADVANTAGES[advantage], std_eps=std_eps)(rewards).reshape(-1)
+        moments = (A.batch_moments(whitened(rewards)),) if whitened else ()
+        adv = A.bind(fn, std_eps=std_eps)(rewards, *moments).reshape(-1)
         a = A.gpg_alpha(num_samples, num_zero) if alpha and num_samples > num_zero else 1.0
         success = rewards.reshape(-1, 1) == 1.0
         logp = torch.where(success, torch.nn.functional.logsigmoid(zt), torch.nn.functional.logsigmoid(-zt))
@@ -103,3 +108,33 @@ def test_grpo_kl_stationary_point(estimator, theory_fn, beta, p_ref):
     other = (reverse_kl_fixed_points if estimator == "k3" else k3_stationary_points)(
         p_ref, beta, group_weight(G, "group_zscore", 1e-4))
     assert abs(p_star - other[0]["p"]) > 1e-3  # the two KL conventions are distinguishable here
+
+
+@pytest.mark.parametrize("G", [2, 4, 8])
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.8])
+def test_rloo_omega_is_one(G, p):
+    """RLOO (A = r - mean of the others = G/(G-1) (r - mean)): E[grad] = p(1-p) exactly, Ω_G ≡ 1."""
+    assert expected_ascent(logit(p), G, advantage="rloo") == pytest.approx(p * (1 - p), rel=1e-12)
+    assert omega_group(p, G, "rloo", 0.0) == pytest.approx(1.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("advantage", ["reinforce_pp", "reinforce_pp_baseline"])
+@pytest.mark.parametrize(("P", "G"), [(3, 2), (2, 4)])
+@pytest.mark.parametrize("p", [0.03, 0.4, 0.9])
+def test_batch_whitened_omega_matches_the_code(advantage, P, G, p):
+    """REINFORCE++(-baseline) over a batch of P groups of one prompt: the code's exact expected gradient (moments of
+    the whole batch, clipped ratio at ratio 1, token mean) / (p(1-p)) is theory's batch weight Ω_B."""
+    got = expected_ascent(logit(p), G, P=P, advantage=advantage, std_eps=1e-8, token_loss="clipped_ratio",
+                          aggregation="token_mean") / (p * (1 - p))
+    assert got == pytest.approx(batch_weight(G, P, advantage, 1e-8).omega(p, 1 - p), rel=1e-10)
+
+
+def test_batch_whitened_k3_stationary_point():
+    """REINFORCE++ + k3 (β = 0.5, p_ref = 0.2, P = 2 groups of 3): the root of the code's expected gradient is
+    theory's k3 point with Ω_B, to 1e-6."""
+    G, P, beta, p_ref = 3, 2, 0.5, 0.2
+    kwargs = dict(P=P, advantage="reinforce_pp", std_eps=1e-8, token_loss="clipped_ratio", aggregation="token_mean",
+                  beta=beta, estimator="k3", p_ref=p_ref)
+    predicted = k3_stationary_points(p_ref, beta, batch_weight(G, P, "reinforce_pp", 1e-8))
+    z_star = brentq(lambda z: expected_ascent(z, G, **kwargs), logit(p_ref), 15.0, xtol=1e-12)
+    assert 1 / (1 + math.exp(-z_star)) == pytest.approx(predicted[0]["p"], abs=1e-6)

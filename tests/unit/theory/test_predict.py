@@ -11,6 +11,7 @@ import pytest
 from mmgpg.cli import main
 from mmgpg.theory.predict import (
     advantage_scale,
+    batch_weight,
     coverage_probability,
     gpg_drift,
     gpg_drift_alpha,
@@ -125,3 +126,39 @@ def test_predict_cli_table_and_errors(capsys):
     assert "--p-ref must be comma-separated numbers" in capsys.readouterr().err
     assert main(["theory", "predict", "--p-ref", "1.5"]) == 2
     assert "[0, 1]" in capsys.readouterr().err
+
+
+def test_batch_weights_by_hand():
+    # reinforce_pp, one group of 2 (n = 2): only S = 1, c_1 = C(2,1) (1/2)(1/2) / sqrt(2 · 1/4) = √2/2 at every p: the
+    # same as GRPO's Ω_G for G = 2 at std_eps 0 (one group is the whole batch)
+    for p in (0.1, 0.5, 0.7):
+        assert batch_weight(2, 1, "reinforce_pp", 0.0).omega(p, 1 - p) == pytest.approx(math.sqrt(2) / 2, rel=1e-12)
+        assert omega_group(p, 2, "group_zscore", 0.0) == pytest.approx(math.sqrt(2) / 2, rel=1e-12)
+    # reinforce_pp_baseline, P = 2 groups of G = 2 (n = 4), p = 1/2, ε = 0: W = Σ k(2-k) is 1 with probability
+    # 2 · (2pq)(p² + q²) = 1/2 and 2 with probability (2pq)² = 1/4; f(W) = (W/8)/sqrt(W/6): √6/8 and √3/4, so
+    # Ω_B = (1/2 · √6/8 + 1/4 · √3/4) / (1/4) = (√6 + √3)/4 = 1.045386
+    got = batch_weight(2, 2, "reinforce_pp_baseline", 0.0).omega(0.5, 0.5)
+    assert got == pytest.approx((math.sqrt(6) + math.sqrt(3)) / 4, rel=1e-12)
+    # the exact sum hands over to the large-batch limit c / sqrt(n/(n-1) c p(1-p) + ε) continuously
+    for adv in ("reinforce_pp", "reinforce_pp_baseline"):
+        exact, limit = batch_weight(8, 32, adv, 1e-8), batch_weight(8, 33, adv, 1e-8)
+        assert "exact" in exact.label and "limit" in limit.label
+        assert limit.omega(0.3, 0.7) == pytest.approx(exact.omega(0.3, 0.7), rel=1e-2)
+        h = 1e-6
+        num = (exact.omega(0.3 + h, 0.7 - h) - exact.omega(0.3 - h, 0.7 + h)) / (2 * h)
+        assert exact.prime(0.3, 0.7) == pytest.approx(num, rel=1e-6)
+
+
+def test_predict_covers_rloo_and_reinforce_pp_and_says_what_it_does_not(capsys):
+    assert main(["theory", "predict", "algo=rloo", "--p-ref", "0.2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["rows"][0]["omega_G"] == pytest.approx(1.0, rel=1e-12) and out["not_covered"] == []
+    assert main(["theory", "predict", "algo=reinforce_pp", "train.prompts_per_step=2", "rollout.group_size=2",
+                 "algo.kl_coef=0.5", "--p-ref", "0.3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["objective"]["weight"].startswith("Ω_B") and out["rows"][0]["k3"]
+    assert out["rows"][0]["omega_G"] == pytest.approx(batch_weight(2, 2, "reinforce_pp", 1e-8).omega(0.3, 0.7))
+    assert any("whole batch" in n for n in out["not_covered"])
+    assert main(["theory", "predict", "algo=dapo", "--p-ref", "0.3"]) == 0
+    text = capsys.readouterr().out
+    assert "not covered" in text and "overlong" in text and "updates_per_batch=2" in text

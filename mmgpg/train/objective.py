@@ -1,0 +1,139 @@
+"""The configured algorithm as the trainer applies it to one step's update (``algo.*``):
+
+* the **rewards** that make the advantages: the task's total, plus DAPO's soft overlong punishment
+  (``algo.overlong_buffer_fraction``) — zero-variance groups stay judged on the task's reward alone;
+* the **advantages** (:meth:`Objective.advantages`, collective): group-relative ones (GPG, GRPO, RLOO: a zero-variance
+  group's advantages are 0 and it is not trained) or batch-whitened ones (REINFORCE++: the moments of the whole step
+  are summed over ranks first, and every group is trained), with the global counts B, M and tokens → α and the
+  aggregation's denominator (:class:`StepCounts`);
+* the **loss mask** (DAPO's overlong filter leaves truncated completions out of the loss and of the token counts) and
+  the **token loss** with its hyper-parameters bound once (clip ranges, CISPO's bounds, GSPO's mask).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mmgpg import algorithms, distributed
+from mmgpg.models.batch import CompletionBatch
+from mmgpg.rollout.collect import Group
+
+
+@dataclass(frozen=True)
+class StepCounts:
+    """The global (all-rank) counts of one step's update and what follows from them."""
+
+    num_samples: float  # B: samples in the update
+    num_zero_variance: float  # M: those in zero-variance groups
+    num_tokens: float  # completion tokens in the update that enter the loss
+    alpha: float | None  # B / (B - M) with algo.alpha_correction, 1.0 without; None when nothing has signal
+    denominator: float  # the aggregation's global denominator
+    skip: bool  # no sample with signal and no KL term: the step has nothing to learn
+
+    @property
+    def valid_fraction(self) -> float:
+        return algorithms.valid_fraction(self.num_samples, self.num_zero_variance)
+
+
+class Objective:
+    """``algo`` bound once: advantages, loss mask and token loss of the trainer's update."""
+
+    def __init__(self, algo, max_new_tokens: int, eos_token_ids: Sequence[int]):
+        self.algo, self.max_new_tokens, self.eos = algo, max_new_tokens, list(eos_token_ids)
+        self.overlong_cache = round(algo.overlong_buffer_fraction * max_new_tokens)  # DAPO's L_cache (0: off)
+        advantage = algorithms.ADVANTAGES[algo.advantage]
+        # REINFORCE++: the advantage whitens with the moments of these values over the whole batch (all ranks).
+        self.batch_values = getattr(advantage, "batch_moments_of", None)
+        self.advantage_fn = algorithms.bind(advantage, std_eps=algo.std_eps)
+        loss = algorithms.TOKEN_LOSSES[algo.token_loss]
+        self.loss_takes_mask = "mask" in inspect.signature(loss).parameters  # GSPO's per-sequence mean
+        self.token_loss_fn = algorithms.bind(loss, clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high,
+                                             cispo_eps_low=algo.cispo_eps_low)
+
+    # ---- rewards and token counts -----------------------------------------------------------------------------------
+
+    def rewards(self, groups: Sequence[Group]) -> torch.Tensor:
+        """``[P, G]`` float64: the task's rewards, plus DAPO's overlong penalty of each completion's length."""
+        rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
+        if self.overlong_cache:
+            lengths = torch.tensor([[len(c) for c in g.completion_ids] for g in groups], dtype=torch.float64)
+            rewards = rewards + algorithms.overlong_penalty(lengths, self.max_new_tokens, self.overlong_cache)
+        return rewards
+
+    def loss_tokens(self, group: Group) -> list[int]:
+        """Tokens of each completion that enter the loss: all of them, or none of a truncated one under
+        ``algo.overlong_filter``."""
+        if not self.algo.overlong_filter:
+            return [len(c) for c in group.completion_ids]
+        return [0 if cut else len(c) for c, cut in zip(group.completion_ids, group.truncated(self.eos))]
+
+    def loss_mask(self, batch: CompletionBatch) -> torch.Tensor:
+        """The completion mask of a micro-batch with the rows of truncated completions cleared under
+        ``algo.overlong_filter`` (:func:`mmgpg.algorithms.overlong_filter_mask`); the same rule as :meth:`loss_tokens`."""
+        mask = batch.completion_mask
+        if not self.algo.overlong_filter:
+            return mask
+        lengths = mask.sum(dim=1)
+        last = batch.completion_ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
+        truncated = (lengths == 0) | ~torch.isin(last, torch.tensor(self.eos, dtype=last.dtype))
+        return algorithms.overlong_filter_mask(mask, truncated)
+
+    # ---- phase 2: advantages ------------------------------------------------------------------------------------------
+
+    def trains(self, groups: Sequence[Group]) -> list[Group]:
+        """The groups whose log-probs the update needs: all of them with a KL term or batch-whitened advantages,
+        else the informative ones (a zero-variance group's group-relative advantages are 0)."""
+        if self.algo.kl_coef > 0 or self.batch_values is not None:
+            return list(groups)
+        return [g for g in groups if not g.zero_variance]
+
+    def advantages(self, groups: Sequence[Group], comm_device) -> StepCounts:
+        """Set ``g.advantages`` of this rank's groups (one call on the stacked ``[P, G]`` rewards) and return the
+        global counts. Collective: every rank calls it, a rank without groups too."""
+        a, G = self.algo, len(groups[0].rewards) if groups else 0
+        tokens = [self.loss_tokens(g) for g in groups]
+        rewards = self.rewards(groups) if groups else None
+        moments = signal = None
+        if self.batch_values is not None:  # REINFORCE++: the batch's moments over all ranks, before any advantage
+            values = self.batch_values(rewards) if groups else None
+            local = algorithms.batch_moments(values, torch.tensor(tokens)) if groups else (0.0, 0.0, 0.0)
+            moments = algorithms.all_reduce_moments(local, comm_device)
+            high = distributed.all_max(float(values.max()) if groups else -math.inf, comm_device)
+            low = -distributed.all_max(-float(values.min()) if groups else -math.inf, comm_device)
+            signal = high - low > a.zero_variance_tol
+        if groups:
+            if moments is None:
+                adv = self.advantage_fn(rewards)
+            else:  # no token of the batch enters the loss (all filtered): nothing to whiten, nothing to learn
+                adv = self.advantage_fn(rewards, moments) if moments[2] > 0 else torch.zeros_like(rewards)
+            for g, row in zip(groups, adv.tolist()):
+                g.advantages = [0.0] * G if g.zero_variance and self.batch_values is None else row
+        total = distributed.sum_counts({"num_samples": sum(len(g.rewards) for g in groups),
+                                        "num_zero_variance": sum(len(g.rewards) for g in groups if g.zero_variance),
+                                        "num_tokens": sum(map(sum, tokens))}, comm_device)
+        num_samples, num_zero, num_tokens = total["num_samples"], total["num_zero_variance"], total["num_tokens"]
+        if signal is None:
+            signal = num_samples - num_zero > 0
+        alpha = None
+        if signal:
+            alpha = algorithms.gpg_alpha(num_samples, num_zero) if a.alpha_correction and num_zero < num_samples else 1.0
+        denominator = algorithms.aggregation_denominator(a.aggregation, int(num_samples), int(num_tokens),
+                                                         self.max_new_tokens)
+        return StepCounts(num_samples, num_zero, num_tokens, alpha, denominator,
+                          skip=num_samples == 0 or (not signal and a.kl_coef == 0))
+
+    # ---- phase 3: the policy term ---------------------------------------------------------------------------------
+
+    def policy_loss_sum(self, logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None,
+                        mask: torch.Tensor) -> torch.Tensor:
+        """The aggregation's numerator of the token loss over these rows (divide by the global denominator)."""
+        kwargs = {} if old_logp is None else {"old_logp": old_logp}
+        if self.loss_takes_mask:
+            kwargs["mask"] = mask
+        per_token = self.token_loss_fn(logp, advantages, **kwargs)
+        return algorithms.token_loss_sum(per_token, mask, self.algo.aggregation)
