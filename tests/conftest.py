@@ -38,6 +38,14 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def tiny_text_dir(tmp_path_factory) -> Path:
+    """A saved tiny text-only Qwen2 (Qwen2ForCausalLM with the local tokenizer and a Qwen-style chat template)."""
+    from mmgpg.models.tiny import build_and_save
+
+    return build_and_save(tmp_path_factory.mktemp("tiny_text") / "qwen2", family="qwen2")
+
+
+@pytest.fixture(scope="session")
 def tiny_sam_dir(tmp_path_factory) -> Path:
     """A random-weight SAM (64 px images, 4x4 image embedding) with a matching processor, saved offline."""
     import torch

@@ -34,9 +34,9 @@ PRECISIONS = ("autocast", "fp32", "bf16")
 class ModelShape:
     """What the planner needs from a model: counts from the meta model, sizes from its config."""
 
-    family: str  # qwen2_vl | qwen2_5_vl
+    family: str  # qwen2_vl | qwen2_5_vl | qwen2 (the model_type)
     params: int  # tied weights once
-    vision_params: int
+    vision_params: int  # a text-only model: 0, and every vision_* / patch field below is 0
     largest_layer_params: int  # DeepSpeed's definition: most parameters owned directly by one module
     vocab: int
     hidden: int
@@ -55,15 +55,24 @@ class ModelShape:
     lora_vision: bool = False  # gradients reach the vision tower (adapters or trained modules there)
     lora_head: bool = False  # the output head is trained (trainable_modules)
 
+    @property
+    def has_vision(self) -> bool:
+        """False for a text-only model: the plan then has no vision terms (activations, images, patches)."""
+        return self.vision_depth > 0
+
+
+# The ModelShape fields that describe the vision tower (left out of a text-only model's plan).
+VISION_FIELDS = ("vision_params", "vision_depth", "vision_hidden", "vision_intermediate", "patch_size",
+                 "temporal_patch_size", "lora_vision")
+
 
 def model_shape(path: str, lora=None) -> ModelShape:
     """Read ``config.json`` of a model directory (or hub id, when the hub is reachable) and count parameters on the
     meta device; with ``lora`` (a :class:`mmgpg.config.LoraConfig` of rank > 0) also what it trains."""
     import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers import AutoConfig
 
-    from mmgpg.models import FAMILIES
-    from mmgpg.models.load import resolve_model_path
+    from mmgpg.models.load import auto_model_class, resolve_model_path
     from mmgpg.models.tiny import count_parameters
 
     path = resolve_model_path(path)
@@ -75,22 +84,28 @@ def model_shape(path: str, lora=None) -> ModelShape:
             "config.json: pass a local directory as model.name_or_path=DIR (a downloaded checkpoint, or the real "
             "dimensions without weights: mmgpg model tiny --size shape_true --config-only --out DIR)."
         ) from None
-    if config.model_type not in FAMILIES:
-        raise ValueError(f"{path!r} is a {config.model_type!r} model; mmgpg plans {', '.join(FAMILIES)}")
+    auto = auto_model_class(config.model_type, repr(path))  # an unsupported model_type is a clear error here
     with torch.device("meta"):
-        model = AutoModelForImageTextToText.from_config(config)
+        model = auto.from_config(config)
     counts = count_parameters(model)
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    text, vision = config.text_config, config.vision_config
+    text, vision = config.get_text_config(), getattr(config, "vision_config", None)
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    if config.model_type == "qwen2_vl":
-        v_hidden, v_inter = vision.embed_dim, int(vision.embed_dim * vision.mlp_ratio)
+    if vision is None:  # a text-only model: no vision terms
+        if lora is not None and lora.rank > 0 and (lora.vision or lora.merger):
+            raise ValueError(f"model.lora.vision/merger: {path!r} is a text-only {config.model_type} model, with no "
+                             "vision tower or merger to adapt")
+        v_depth = v_hidden = v_inter = patch = t_patch = 0
     else:
-        v_hidden, v_inter = vision.hidden_size, vision.intermediate_size
+        v_depth, patch, t_patch = vision.depth, vision.patch_size, vision.temporal_patch_size
+        if config.model_type == "qwen2_vl":
+            v_hidden, v_inter = vision.embed_dim, int(vision.embed_dim * vision.mlp_ratio)
+        else:
+            v_hidden, v_inter = vision.hidden_size, vision.intermediate_size
     return ModelShape(config.model_type, counts["total"], counts["vision"], largest, text.vocab_size, text.hidden_size,
                       text.intermediate_size, text.num_hidden_layers, text.num_attention_heads,
-                      text.num_key_value_heads, head_dim, vision.depth, v_hidden, v_inter, vision.patch_size,
-                      vision.temporal_patch_size, *_lora_counts(model, lora))
+                      text.num_key_value_heads, head_dim, v_depth, v_hidden, v_inter, patch, t_patch,
+                      *_lora_counts(model, lora))
 
 
 def _lora_counts(model, lora) -> tuple[int, int, bool, bool]:
@@ -304,6 +319,9 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     lora = m.lora.rank > 0  # LoRA: gradients and AdamW state for the adapters only, the reference is the adapter off
     if lora and shape.lora_rank != m.lora.rank:
         raise ValueError("the model shape was counted without model.lora: use model_shape(path, cfg.model.lora)")
+    if t.freeze_vision and not shape.has_vision:
+        raise ValueError(f"train.freeze_vision=true, but the {shape.family} model is text-only: it has no vision tower "
+                         "to freeze (remove train.freeze_vision)")
     trainable = shape.lora_params if lora else shape.params - (shape.vision_params if t.freeze_vision else 0)
     states = model_state_bytes(shape.params + (shape.lora_params if lora else 0), trainable, world, backend,
                                zero_stage, offload, precision)
@@ -320,15 +338,18 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
                                                   kv_dim=shape.kv_heads * shape.head_dim, masked=True)
     text_ckpt = checkpointed_layer_bytes_per_token(shape.hidden, precision)
     text_act = activation_bytes(sequences * seq_len, shape.layers, text_layer, text_ckpt, t.gradient_checkpointing)
-    patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image
-    images = t.micro_batch_prompts * images_per_prompt * (1 if m.encode_images_once else r.group_size)
-    vision_act = 0
-    if not t.freeze_vision and (shape.lora_vision or not lora):  # no gradient into the tower: nothing saved
-        v_layer = vision_layer_bytes_per_patch(shape.family, shape.vision_hidden, shape.vision_intermediate, precision)
-        v_ckpt = checkpointed_layer_bytes_per_token(shape.vision_hidden, precision)
-        vision_act = activation_bytes(images * patches, shape.vision_depth, v_layer, v_ckpt, t.gradient_checkpointing)
     per_gpu["activations_text"] = text_act
-    per_gpu["activations_vision"] = vision_act
+    if shape.has_vision:  # a text-only model has no vision terms at all
+        patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image
+        images = t.micro_batch_prompts * images_per_prompt * (1 if m.encode_images_once else r.group_size)
+        vision_act = 0
+        if not t.freeze_vision and (shape.lora_vision or not lora):  # no gradient into the tower: nothing saved
+            v_layer = vision_layer_bytes_per_patch(shape.family, shape.vision_hidden, shape.vision_intermediate,
+                                                   precision)
+            v_ckpt = checkpointed_layer_bytes_per_token(shape.vision_hidden, precision)
+            vision_act = activation_bytes(images * patches, shape.vision_depth, v_layer, v_ckpt,
+                                          t.gradient_checkpointing)
+        per_gpu["activations_vision"] = vision_act
     per_gpu["autocast_weight_copies"] = 2 * shape.params if precision == "autocast" else 0
     per_gpu["logprob_buffers"] = logprob_bytes(m.logprob_chunk_size, shape.vocab, shape.hidden, weight,
                                                sequences * r.max_new_tokens, act)
@@ -341,8 +362,8 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
 
     persistent = sum(per_gpu[k] for k in ("parameters", "gradients", "optimizer", "zero3_gathered_layer",
                                           "reference_model"))
-    update = sum(per_gpu[k] for k in ("activations_text", "activations_vision", "autocast_weight_copies",
-                                      "logprob_buffers"))
+    update = sum(per_gpu.get(k, 0) for k in ("activations_text", "activations_vision", "autocast_weight_copies",
+                                             "logprob_buffers"))
     # generate runs under autocast too (mmgpg/train/trainer.py _sample_groups), so its weight copies count in both phases
     rollout = per_gpu["kv_cache"] + per_gpu["rollout_gathered_weights"] + per_gpu["autocast_weight_copies"]
     phases = {"persistent": persistent, "update": update, "rollout": rollout,
@@ -356,10 +377,13 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
         setup={"gpus_per_node": gpus, "nodes": nodes, "world_size": world, "gpu_memory_gib": gpu_memory_gb,
                "reserve_gib": reserve_gb, "backend": backend, "zero_stage": zero_stage, "offload": offload,
                "precision": precision},
-        model={"name_or_path": m.name_or_path, **dataclasses.asdict(shape), "trainable_params": trainable},
-        workload={"micro_batch_sequences": sequences, "sequence_length": seq_len, "images_per_micro_batch": images,
-                  "patches_per_image": patches, "rollout_sequences_per_rank": prompts_per_rank * r.group_size,
-                  "gradient_checkpointing": t.gradient_checkpointing, "freeze_vision": t.freeze_vision,
+        model={"name_or_path": m.name_or_path, "trainable_params": trainable,
+               **{k: v for k, v in dataclasses.asdict(shape).items() if shape.has_vision or k not in VISION_FIELDS}},
+        workload={"micro_batch_sequences": sequences, "sequence_length": seq_len,
+                  **({"images_per_micro_batch": images, "patches_per_image": patches} if shape.has_vision else {}),
+                  "rollout_sequences_per_rank": prompts_per_rank * r.group_size,
+                  "gradient_checkpointing": t.gradient_checkpointing,
+                  **({"freeze_vision": t.freeze_vision} if shape.has_vision else {}),
                   "reference_model": cfg.algo.kl_coef > 0 and not lora, "lora_rank": m.lora.rank},
         per_gpu_bytes=per_gpu, phases=phases, host_bytes_per_node=states["host"] * gpus, deepspeed=ds,
         usable_bytes=int((gpu_memory_gb - reserve_gb) * GIB),
@@ -384,7 +408,7 @@ def _fixes(cfg, shape: ModelShape, **setup) -> list[str]:
         moves.append(("train.gradient_checkpointing=true", {}, {"gradient_checkpointing": True}))
     if t.micro_batch_prompts > 1:
         moves.append(("train.micro_batch_prompts=1", {}, {"micro_batch_prompts": 1}))
-    if not t.freeze_vision:
+    if not t.freeze_vision and shape.has_vision:
         moves.append(("train.freeze_vision=true", {}, {"freeze_vision": True}))
 
     def fits(setup_change: dict, train_change: dict) -> bool:
@@ -412,8 +436,10 @@ def _fixes(cfg, shape: ModelShape, **setup) -> list[str]:
         if found:
             out.append("together: " + " ".join([m[0] for m in ([found[0]] if found[0][0] else []) + found[1]]))
         else:
-            out.append("no combination of ZeRO stage, offload, checkpointing, micro-batch 1 and a frozen vision tower "
-                       "fits on this many GPUs: add GPUs, shorten the sequences, or lower rollout.group_size")
+            moves_tried = ("ZeRO stage, offload, checkpointing, micro-batch 1 and a frozen vision tower" if shape.has_vision
+                           else "ZeRO stage, offload, checkpointing and micro-batch 1")
+            out.append(f"no combination of {moves_tried} fits on this many GPUs: add GPUs, shorten the sequences, or "
+                       "lower rollout.group_size")
     if cfg.model.lora.rank <= 0:
         out.append("hint: model.lora.rank=16 (LoRA) trains small adapters: gradients and optimizer state for those "
                    "only, and GRPO's reference is the adapter switched off (no second copy)")

@@ -57,30 +57,31 @@ def cmd_model_tiny(args) -> int:
         return 0
     t0 = time.perf_counter()
     out = build_and_save(args.out, family=args.family, size=args.size, seed=args.seed, dtype=args.dtype)
-    from transformers import AutoModelForImageTextToText
+    from mmgpg.models.load import auto_model_class
 
-    model = AutoModelForImageTextToText.from_pretrained(out)
+    model = auto_model_class(args.family).from_pretrained(out)  # what loading will use: it must read the folder
     counts = count_parameters(model)
+    split = (f"{counts['vision']:,} vision, {counts['language']:,} language" if counts["vision"]
+             else "text-only")
     print(f"built {args.size} {args.family} in {out} ({time.perf_counter() - t0:.1f} s): "
-          f"{counts['total']:,} parameters ({counts['vision']:,} vision, {counts['language']:,} language), "
-          f"vocab {model.config.text_config.vocab_size:,}")
+          f"{counts['total']:,} parameters ({split}), vocab {model.config.get_text_config().vocab_size:,}")
     return 0
 
 
 def cmd_model_info(args) -> int:
     import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
+    from transformers import AutoConfig, GenerationConfig
 
-    from mmgpg.models.load import check_model_source, resolve_model_path
+    from mmgpg.models.load import auto_model_class, check_model_source, policy_class, resolve_model_path
     from mmgpg.models.tiny import count_parameters
 
     path = resolve_model_path(args.model)
     check_model_source(path)
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
-        model = AutoModelForImageTextToText.from_config(config)
+        model = auto_model_class(config.model_type, repr(args.model)).from_config(config)
     counts = count_parameters(model)
-    text = config.text_config
+    text, vision = config.get_text_config(), getattr(config, "vision_config", None)
     try:
         eos = GenerationConfig.from_pretrained(path).eos_token_id
     except OSError:
@@ -88,13 +89,14 @@ def cmd_model_info(args) -> int:
     info = {
         "path": path,
         "model_type": config.model_type,
-        "parameters": counts,
+        "policy": policy_class(config.model_type).__name__,
+        "parameters": counts if vision is not None else {"total": counts["total"]},
         "vocab_size": text.vocab_size,
         "hidden_size": text.hidden_size,
         "layers": text.num_hidden_layers,
-        "vision_depth": config.vision_config.depth,
+        **({"vision_depth": vision.depth} if vision is not None else {}),
         "eos_token_ids": eos,
-        "image_token_id": config.image_token_id,
+        **({"image_token_id": config.image_token_id} if vision is not None else {}),
     }
     print(json.dumps(info, indent=2))
     return 0
@@ -157,11 +159,13 @@ def register(sub) -> None:
 
     p = sub.add_parser("model", help="build or inspect models", description="Build or inspect models.")
     msub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
-    t = msub.add_parser("tiny", help="build a Qwen2-VL / Qwen2.5-VL offline (random init, real classes)",
+    t = msub.add_parser("tiny", help="build a Qwen2-VL / Qwen2.5-VL / text-only Qwen2 offline (random init, real "
+                        "classes)",
                         description="Build a randomly initialised Qwen2-VL or Qwen2.5-VL with a tokenizer and "
                         "processor made locally, and save it as a Hugging Face directory that AutoProcessor and "
-                        "AutoModelForImageTextToText load. --size shape_true uses the real 2B/3B dimensions "
-                        "(vocab 151,936) for memory and speed measurements.")
+                        "AutoModelForImageTextToText load (--family qwen2: a text-only Qwen2ForCausalLM with its "
+                        "tokenizer, for AutoTokenizer and AutoModelForCausalLM). --size shape_true uses the real 2B/3B "
+                        "dimensions (vocab 151,936) for memory and speed measurements (vision-language families).")
     t.add_argument("--out", required=True, help="output directory")
     t.add_argument("--family", choices=FAMILIES, default=FAMILIES[0])
     t.add_argument("--size", choices=["tiny", "shape_true", "shape_true_7b"], default="tiny",
@@ -176,7 +180,7 @@ def register(sub) -> None:
     i = msub.add_parser("info", help="print a model's family, sizes, parameter counts and EOS ids",
                         description="Print a model's family, sizes, parameter counts and EOS ids without loading "
                         "its weights.")
-    i.add_argument("model", help="hub id, local directory, or tiny / tiny:qwen2_5_vl")
+    i.add_argument("model", help="hub id, local directory, or tiny / tiny:qwen2_5_vl / tiny:qwen2")
     i.set_defaults(func=cmd_model_info)
 
     p = sub.add_parser("config", help="show the resolved configuration", description="Inspect configuration.")

@@ -32,14 +32,16 @@ def format_plan(plan: Plan) -> str:
         f"{mdl['trainable_params'] / 1e9:.2f} B trainable{lora}), {s['backend']}{stage}{off}, precision {s['precision']}, "
         f"{s['nodes']} node(s) x {s['gpus_per_node']} GPU(s) of {s['gpu_memory_gib']:g} GiB",
         f"micro-batch: {w['micro_batch_sequences']} sequences x {w['sequence_length']} tokens, "
-        f"{w['images_per_micro_batch']} image(s) x {w['patches_per_image']} patches; rollout: "
+        + (f"{w['images_per_micro_batch']} image(s) x {w['patches_per_image']} patches"
+           if "images_per_micro_batch" in w else "no images (text-only model)") + "; rollout: "
         f"{w['rollout_sequences_per_rank']} sequences per GPU; gradient checkpointing "
         f"{'on' if w['gradient_checkpointing'] else 'off'}",
         "",
         f"{'per GPU':<40}{'GiB':>9}",
     ]
     for key, label in ROWS:
-        lines.append(f"  {label:<38}{gib(plan.per_gpu_bytes[key]):>9}")
+        if key in plan.per_gpu_bytes:  # a text-only model has no vision rows
+            lines.append(f"  {label:<38}{gib(plan.per_gpu_bytes[key]):>9}")
     ph = plan.phases
     lines += [
         f"{'persistent':<40}{gib(ph['persistent']):>9}",

@@ -39,8 +39,9 @@ class LoraConfig:
 @dataclass
 class ModelConfig:
     name_or_path: str = "tiny"
-    """Policy checkpoint: a Hugging Face hub id (e.g. Qwen/Qwen2-VL-2B-Instruct), a local directory, or `tiny` /
-    `tiny:qwen2_5_vl` for a ~1M-parameter model that mmgpg builds offline and caches in ~/.cache/mmgpg."""
+    """Policy checkpoint: a Hugging Face hub id (e.g. Qwen/Qwen2-VL-2B-Instruct, or a text-only Qwen2 / Qwen2.5 such as
+    Qwen/Qwen2.5-Math-7B), a local directory, or `tiny` / `tiny:qwen2_5_vl` / `tiny:qwen2` (text-only) for a
+    ~1M-parameter model that mmgpg builds offline and caches in ~/.cache/mmgpg."""
     dtype: Dtype = "auto"
     """Parameter dtype; `auto` is bfloat16 on a GPU that supports it, float32 otherwise."""
     attn_implementation: str = "sdpa"

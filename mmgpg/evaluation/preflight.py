@@ -49,11 +49,13 @@ def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
         for ex in items:
             batch = policy.encode_prompts([task.prompt(ex)])
             length = int(batch.attention_mask.sum())
-            image_tokens = int(batch.mm_token_type_ids.sum())
+            images = policy.vision_tower is not None  # a text-only policy has no image tokens to count or shrink
+            counted = f" ({int(batch.mm_token_type_ids.sum())} image tokens)" if images else ""
+            fix = "lower model.max_pixels or raise max_prompt_length" if images else "raise max_prompt_length"
             over = limit is not None and length > limit
             findings.append(Finding(f"prompt {ex.id}", "error" if over else "ok",
-                                    f"{length} tokens ({image_tokens} image tokens) vs max_prompt_length={limit}"
-                                    + (": too long — lower model.max_pixels or raise max_prompt_length" if over else "")))
+                                    f"{length} tokens{counted} vs max_prompt_length={limit}"
+                                    + (f": too long — {fix}" if over else "")))
     except Exception as err:  # noqa: BLE001
         findings.append(Finding("prompts", "error", f"{type(err).__name__}: {err}"))
     if cfg.model.lora.rank > 0 and policy is not None:

@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from mmgpg.models import DTYPES, FAMILIES, TINY_PREFIX, Policy
-from mmgpg.models.qwen_vl import QwenVLPolicy
+from mmgpg.models import DTYPES, FAMILIES, POLICIES, TINY_PREFIX, Policy
 
 
 def cache_dir() -> Path:
@@ -20,7 +19,7 @@ def cache_dir() -> Path:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """Map ``tiny`` / ``tiny:qwen2_5_vl`` to an offline-built model directory (built once, then cached).
+    """Map ``tiny`` / ``tiny:<family>`` (``tiny:qwen2_5_vl``, ``tiny:qwen2``) to an offline-built model directory (built once, then cached).
 
     Any other value is returned unchanged: a local directory or a Hugging Face hub id.
     """
@@ -57,6 +56,22 @@ def _build_tiny(target: Path, family: str) -> None:
             import shutil
 
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def policy_class(model_type: str | None, what: str = "this") -> type:
+    """The policy class of a checkpoint's ``model_type`` (:data:`mmgpg.models.POLICIES`); a clear error for any other.
+    ``what`` names the model in the message."""
+    if model_type not in POLICIES:
+        raise ValueError(f"{what} is a {model_type!r} model; mmgpg supports {', '.join(POLICIES)}")
+    return POLICIES[model_type]
+
+
+def auto_model_class(model_type: str | None, what: str = "this"):
+    """The transformers auto class that builds a ``model_type`` model (``from_config`` / ``from_pretrained``):
+    ``AutoModelForImageTextToText`` for the Qwen-VL families, ``AutoModelForCausalLM`` for the text ones."""
+    import transformers
+
+    return getattr(transformers, policy_class(model_type, what).auto_model)
 
 
 def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
@@ -97,13 +112,16 @@ def load_policy(
     device: torch.device | str | None = None,
     max_prompt_length: int | None = None,
 ) -> Policy:
-    """Load a Qwen2-VL / Qwen2.5-VL policy from a hub id or a local directory (never ``trust_remote_code``).
+    """Load a policy from a hub id or a local directory (never ``trust_remote_code``): the class is the one
+    :data:`mmgpg.models.POLICIES` maps the checkpoint's ``model_type`` to (Qwen2-VL / Qwen2.5-VL, or a text-only Qwen2).
 
-    ``name_or_path`` may also be ``tiny`` or ``tiny:qwen2_5_vl`` for a model built offline (:mod:`mmgpg.models.tiny`).
-    ``device="meta"`` builds the model without reading its weights (for checks that need only shapes and the
-    processor, such as ``mmgpg check``).
+    ``name_or_path`` may also be ``tiny``, ``tiny:qwen2_5_vl`` or ``tiny:qwen2`` for a model built offline
+    (:mod:`mmgpg.models.tiny`). ``device="meta"`` builds the model without reading its weights (for checks that need
+    only shapes and the processor, such as ``mmgpg check``). ``min_pixels``/``max_pixels`` apply to models that take
+    images only.
     """
-    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+    import transformers
+    from transformers import AutoConfig
 
     path = resolve_model_path(name_or_path)
     local = check_model_source(path)
@@ -116,21 +134,20 @@ def load_policy(
             f"could not load model {name_or_path!r}: it is not a local directory and the Hugging Face hub did not "
             f"provide it ({err}). Offline, download it elsewhere and pass the directory, or use model=tiny."
         ) from err
-    if config.model_type not in FAMILIES:
-        raise ValueError(
-            f"{name_or_path!r} is a {config.model_type!r} model; mmgpg supports {', '.join(FAMILIES)}"
-        )
+    cls = policy_class(config.model_type, repr(name_or_path))
+    auto = getattr(transformers, cls.auto_model)
     device = torch.device(device) if device is not None else default_device()
     kwargs: dict[str, Any] = {"dtype": resolve_dtype(dtype, device)}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     if device.type == "meta":  # shapes only, no weights read (pre-flight checks: prompts and processor)
         with torch.device("meta"):
-            model = AutoModelForImageTextToText.from_config(config, **kwargs)
+            model = auto.from_config(config, **kwargs)
     else:
-        model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
-    processor = AutoProcessor.from_pretrained(path)
-    return QwenVLPolicy(model, processor, min_pixels=min_pixels, max_pixels=max_pixels, max_prompt_length=max_prompt_length)
+        model = auto.from_pretrained(path, **kwargs).to(device)
+    processor = getattr(transformers, cls.auto_processor).from_pretrained(path)
+    options = dict(min_pixels=min_pixels, max_pixels=max_pixels) if cls.takes_images else {}
+    return cls(model, processor, max_prompt_length=max_prompt_length, **options)
 
 
 def load_policy_for(model_cfg, device: torch.device | str, *, source: str | None = None,

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-# The language model's linear layers in Qwen2-VL and Qwen2.5-VL decoder layers (model.lora.target_modules default).
+# The language model's linear layers in a Qwen2 / Qwen2-VL / Qwen2.5-VL decoder layer (model.lora.target_modules
+# default): under model.language_model.layers.N in the vision-language models, model.layers.N in a text one.
 LORA_LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_DIR = "adapter"  # a checkpoint's PEFT adapter folder, beside policy/ (the merged model)
 
@@ -38,10 +39,13 @@ _MERGER_TARGETS = r"model\.visual\.merger\.mlp\.(?:0|2)"  # the merger MLP's two
 
 def target_regex(lora_cfg) -> str:
     """The PEFT ``target_modules`` regex (``re.fullmatch`` on full module names) of ``model.lora``: the named linear
-    layers of the language model's decoder layers, plus the vision blocks and the merger when opted in.
+    layers of the language model's decoder layers (``model.language_model.layers.N`` in Qwen2-VL / Qwen2.5-VL,
+    ``model.layers.N`` in a text-only Qwen2), plus the vision blocks and the merger when opted in.
 
     >>> from mmgpg.config import LoraConfig
     >>> bool(re.fullmatch(target_regex(LoraConfig(rank=4)), "model.language_model.layers.3.self_attn.q_proj"))
+    True
+    >>> bool(re.fullmatch(target_regex(LoraConfig(rank=4)), "model.layers.3.mlp.down_proj"))
     True
     >>> bool(re.fullmatch(target_regex(LoraConfig(rank=4)), "model.visual.blocks.0.attn.qkv"))
     False
@@ -49,7 +53,7 @@ def target_regex(lora_cfg) -> str:
     parts = []
     if lora_cfg.target_modules:
         names = "|".join(re.escape(n) for n in lora_cfg.target_modules)
-        parts.append(rf"model\.language_model\.layers\.\d+\.(?:[\w.]+\.)?(?:{names})")
+        parts.append(rf"model\.(?:language_model\.)?layers\.\d+\.(?:[\w.]+\.)?(?:{names})")
     if lora_cfg.vision:
         parts.append(_VISION_TARGETS)
     if lora_cfg.merger:
@@ -76,7 +80,7 @@ def check_lora(cfg) -> list:
     bad = [n for n in lc.target_modules if n not in LORA_LANGUAGE_TARGETS]
     if bad:
         p.append(Problem("model.lora.target_modules", lc.target_modules,
-                         f"{bad} are not linear layers of a Qwen2-VL/Qwen2.5-VL decoder layer (the output head is "
+                         f"{bad} are not linear layers of a Qwen2 / Qwen2-VL decoder layer (the output head is "
                          "trained in full through model.lora.trainable_modules, never adapted).",
                          "use names from: " + ", ".join(LORA_LANGUAGE_TARGETS) + "."))
     if not (lc.target_modules or lc.vision or lc.merger):
@@ -114,6 +118,10 @@ def attach(policy, lora_cfg, adapter_dir: str | Path | None = None) -> None:
     equals the base model) or, with ``adapter_dir``, the adapter saved there (resume; ``is_trainable``)."""
     if getattr(policy, "peft", None) is not None:
         raise ValueError("this policy already has a LoRA adapter")
+    if (lora_cfg.vision or lora_cfg.merger) and policy.vision_tower is None:
+        raise ValueError(f"model.lora.vision={lora_cfg.vision}, model.lora.merger={lora_cfg.merger}: the "
+                         f"{policy.family} model is text-only, with no vision tower or merger to adapt. Set "
+                         "model.lora.vision=false and model.lora.merger=false.")
     model = policy.model
     with warnings.catch_warnings():  # PEFT asks transformers 5.2x a deprecated `is_gradient_checkpointing`
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)

@@ -12,19 +12,22 @@ tokens) stays in this file. The rest of mmgpg sees three operations:
   computed from hidden states in chunks so that peak memory is O(chunk × vocab) rather than
   O(batch × length × vocab). Each prompt's images are encoded once and the features shared by its ``group_size``
   sequences (``encode_images_once``); gradients from all copies flow back into the one vision-tower pass.
+
+The EOS, sampling and scoring rules are :class:`mmgpg.models.base.PolicyBase`'s, shared with the text policy.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
 from mmgpg.models import QWEN_VL_FAMILIES
+from mmgpg.models.base import PolicyBase
 from mmgpg.models.batch import CompletionBatch, PromptBatch
-from mmgpg.models.logprobs import chunked_token_logprobs, completion_mask, group_image_index
+from mmgpg.models.logprobs import group_image_index
 
 VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 
@@ -34,9 +37,13 @@ VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
 # --------------------------------------------------------------------------------------------------------------------
 
 
-class QwenVLPolicy:
+class QwenVLPolicy(PolicyBase):
     """A loaded Qwen2-VL / Qwen2.5-VL model with its processor (implements :class:`mmgpg.models.Policy`). Build one
     with :func:`mmgpg.models.load.load_policy`."""
+
+    auto_model: ClassVar[str] = "AutoModelForImageTextToText"  # the transformers classes that load its checkpoints
+    auto_processor: ClassVar[str] = "AutoProcessor"
+    takes_images: ClassVar[bool] = True
 
     def __init__(self, model, processor, *, min_pixels: int, max_pixels: int, max_prompt_length: int | None = None):
         model_type = getattr(model.config, "model_type", None)
@@ -47,30 +54,20 @@ class QwenVLPolicy:
             )
         if not 0 < min_pixels <= max_pixels:
             raise ValueError(f"need 0 < min_pixels <= max_pixels; got min_pixels={min_pixels}, max_pixels={max_pixels}")
-        self.model = model
-        self.processor = processor
-        self.peft = None  # the peft.PeftModel owning LoRA adapters injected into `model` (mmgpg.models.lora.attach)
-        self.family = model_type
+        tok = processor.tokenizer
+        self._setup(model, processor, tok, family=model_type, max_prompt_length=max_prompt_length)
         self.min_pixels = min_pixels
         self.max_pixels = max_pixels
-        self.max_prompt_length = max_prompt_length
-        tok = processor.tokenizer
-        tok.padding_side = "left"
         processor.image_processor.size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
-        gen = model.generation_config
-        eos = gen.eos_token_id if gen.eos_token_id is not None else tok.eos_token_id
-        self.eos_token_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [eos]
-        self.pad_token_id: int = gen.pad_token_id if gen.pad_token_id is not None else tok.pad_token_id
-        if self.pad_token_id is None:
-            self.pad_token_id = self.eos_token_ids[0]
         ids = tok.convert_tokens_to_ids(list(VISION_SPECIAL_TOKENS))
         self.vision_token_ids: list[int] = [i for i in ids if i is not None and i != tok.unk_token_id]
+        self.suppressed_token_ids = self.vision_token_ids  # never sampled, excluded from the scored softmax
         self.image_token_id: int = model.config.image_token_id
         self.patch_size: int = int(getattr(processor.image_processor, "patch_size", 14))
 
     @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+    def vision_tower(self) -> torch.nn.Module:
+        return self.model.model.visual
 
     # ---- prompts --------------------------------------------------------------------------------------------------
 
@@ -130,16 +127,8 @@ class QwenVLPolicy:
         mm = enc.get("mm_token_type_ids")
         if mm is None:
             mm = (input_ids == self.image_token_id).long()
-        if self.max_prompt_length is not None:
-            lengths = enc["attention_mask"].sum(-1)
-            too_long = [(i, int(n)) for i, n in enumerate(lengths) if n > self.max_prompt_length]
-            if too_long:
-                listed = ", ".join(f"prompt {i}: {n} tokens" for i, n in too_long)
-                raise ValueError(
-                    f"{len(too_long)} prompt(s) exceed max_prompt_length={self.max_prompt_length} ({listed}). "
-                    "Image tokens count too; lower model.max_pixels or raise max_prompt_length. "
-                    "mmgpg never truncates a prompt silently."
-                )
+        self.check_prompt_lengths(enc["attention_mask"], "Image tokens count too; lower model.max_pixels or raise "
+                                  "max_prompt_length.")
         return PromptBatch(
             input_ids=input_ids,
             attention_mask=enc["attention_mask"],
@@ -153,34 +142,6 @@ class QwenVLPolicy:
 
     # ---- sampling -------------------------------------------------------------------------------------------------
 
-    def sampling_kwargs(
-        self, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0
-    ) -> dict[str, Any]:
-        """``generate`` settings that fix every logits processor a checkpoint's generation config could switch on.
-
-        transformers fills any generation setting left at ``None`` from the checkpoint's ``generation_config.json``
-        (Qwen2-VL-Instruct ships ``top_k=1, top_p=0.001, temperature=0.1, repetition_penalty=1.05``), so the neutral
-        values are set explicitly. With ``temperature`` 1, ``top_p`` 1 and ``top_k`` 0, completions are sampled from
-        exactly the distribution :meth:`completion_logprobs` scores (on-policy). ``temperature=0`` is greedy decoding.
-        """
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
-        common = dict(
-            max_new_tokens=max_new_tokens,
-            repetition_penalty=1.0,
-            no_repeat_ngram_size=0,
-            min_new_tokens=0,
-            eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-            # A sampled vision token would desynchronise image features and placeholders in the training forward.
-            suppress_tokens=self.vision_token_ids,
-        )
-        if temperature == 0:  # greedy: the sampling filters below have no effect, so they are not passed
-            return dict(common, do_sample=False)
-        return dict(common, do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
-                    min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
-
-    @torch.no_grad()
     def generate(
         self,
         prompts: PromptBatch,
@@ -192,8 +153,6 @@ class QwenVLPolicy:
         top_k: int = 0,
     ) -> CompletionBatch:
         """Sample ``group_size`` completions per prompt (HF ``generate``; images are encoded once per prompt there)."""
-        if group_size < 1:
-            raise ValueError(f"group_size must be >= 1; got {group_size}")
         batch = prompts.to(self.device)
         inputs = dict(
             input_ids=batch.input_ids,
@@ -202,29 +161,11 @@ class QwenVLPolicy:
         )
         if batch.pixel_values is not None:
             inputs.update(pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            out = self.model.generate(
-                **inputs,
-                num_return_sequences=group_size,
-                **self.sampling_kwargs(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k),
-            )
-        finally:
-            self.model.train(was_training)
-        completion_ids = out[:, batch.input_ids.shape[1] :]
-        mask = completion_mask(completion_ids, self.eos_token_ids)
-        self.check_no_vision_tokens(completion_ids, mask)
-        texts = self.processor.batch_decode(
-            completion_ids.masked_fill(~mask, self.pad_token_id), skip_special_tokens=True
-        )
-        return CompletionBatch(prompts=prompts, group_size=group_size, completion_ids=completion_ids.cpu(),
-                       completion_mask=mask.cpu(), texts=texts)
+        return self._sample(inputs, prompts, group_size, max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_p=top_p, top_k=top_k)
 
-    def gather_prompts(self, rows: Sequence[tuple[PromptBatch, int]]) -> PromptBatch:
-        """One left-padded batch of prompt ``p`` of each ``(batch, p)``: how the update reuses the prompts the rollout
-        already encoded (images preprocessed once per step) for micro-batches of groups from any attempts."""
-        return _gather_prompts(rows, self.pad_token_id)
+    def check_completions(self, completion_ids: torch.Tensor, mask: torch.Tensor) -> None:
+        self.check_no_vision_tokens(completion_ids, mask)
 
     def check_no_vision_tokens(self, completion_ids: torch.Tensor, mask: torch.Tensor) -> None:
         """Refuse completions containing vision special tokens (e.g. from an engine without token suppression)."""
@@ -266,7 +207,7 @@ class QwenVLPolicy:
         ``logp[i, t] = log softmax(z_{i, Lp + t - 1} / temperature)[y_{i, t}]`` over the vocabulary without the vision
         special tokens (which :meth:`generate` suppresses), i.e. exactly the sampling distribution: the hidden state of the position before
         each completion token, scored by the output embedding in chunks of ``chunk_size`` tokens
-        (:func:`chunked_token_logprobs`). Only masked-in positions are scored.
+        (:meth:`~mmgpg.models.base.PolicyBase.score_hidden`). Only masked-in positions are scored.
         """
         batch, G = rollout.prompts, rollout.group_size
         comp_ids, comp_mask = rollout.completion_ids, rollout.completion_mask
@@ -283,61 +224,7 @@ class QwenVLPolicy:
             kwargs["image_grid_thw"] = batch.image_grid_thw[index]
             kwargs.update(self._image_encoder_outputs(batch, index) if encode_images_once
                           else self._repeated_pixels(batch, index))
-        from mmgpg.models.lora import output_head
-
         hidden = self.model.model(**kwargs, use_cache=False).last_hidden_state
-        scored = hidden[:, prompt_len - 1 : -1][comp_mask]  # [K, H]: positions that predict completion tokens
-        head = self.model.get_output_embeddings()
+        return self.score_hidden(hidden, prompt_len, comp_ids, comp_mask, chunk_size=chunk_size,
+                                 temperature=temperature)
 
-        def score(hidden_, targets_):  # reads the head's weights only inside head's own call (see _call_through)
-            weight, bias = output_head(self.model)  # through PEFT's wrappers: the head the forward really uses
-            return chunked_token_logprobs(hidden_, weight, targets_, chunk_size=chunk_size, bias=bias,
-                                          temperature=temperature, excluded_token_ids=self.vision_token_ids)
-
-        logp = _call_through(head, score, scored, comp_ids[comp_mask])
-        out = torch.zeros(comp_ids.shape, dtype=logp.dtype, device=device)
-        return out.masked_scatter(comp_mask, logp)
-
-
-def _call_through(module: torch.nn.Module, fn, *args):
-    """``fn(*args)`` run as ``module``'s forward, so hooks on ``module`` see it: DeepSpeed ZeRO-3 gathers a
-    partitioned ``lm_head.weight`` for the call and again for its backward (and releases it after each), exactly as for
-    the module's own forward. Without hooks this is ``fn(*args)``."""
-    module.forward = fn  # an instance attribute shadows the class's forward for this one call
-    try:
-        return module(*args)
-    finally:
-        del module.forward
-
-
-def _gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -> PromptBatch:
-    if not rows:
-        raise ValueError("gather_prompts needs at least one (batch, prompt index)")
-    ids, mm, pixels, grids, per_prompt, texts = [], [], [], [], [], []
-    for batch, p in rows:
-        keep = batch.attention_mask[p].bool()
-        ids.append(batch.input_ids[p][keep])
-        mm.append(batch.mm_token_type_ids[p][keep])
-        n_images = batch.images_per_prompt[p]
-        if n_images:
-            first = sum(batch.images_per_prompt[:p])
-            counts = batch.image_grid_thw.prod(-1)
-            start = int(counts[:first].sum())
-            pixels.append(batch.pixel_values[start : start + int(counts[first : first + n_images].sum())])
-            grids.append(batch.image_grid_thw[first : first + n_images])
-        per_prompt.append(n_images)
-        texts.append(batch.texts[p])
-    width = max(len(x) for x in ids)
-
-    def left_pad(rows_, value):
-        return torch.stack([torch.cat([r.new_full((width - len(r),), value), r]) for r in rows_])
-
-    return PromptBatch(
-        input_ids=left_pad(ids, pad_token_id),
-        attention_mask=left_pad([torch.ones_like(r) for r in ids], 0),
-        mm_token_type_ids=left_pad(mm, 0),
-        pixel_values=torch.cat(pixels) if pixels else None,
-        image_grid_thw=torch.cat(grids) if grids else None,
-        images_per_prompt=per_prompt,
-        texts=texts,
-    )

@@ -1,9 +1,12 @@
-"""Build a Qwen2-VL / Qwen2.5-VL model offline, with the real transformers classes.
+"""Build a Qwen2-VL / Qwen2.5-VL model, or a text-only Qwen2 (``--family qwen2``), offline, with the real
+transformers classes.
 
 Nothing here downloads anything. The result is a standard Hugging Face directory — ``config.json``,
-``generation_config.json``, ``model.safetensors``, ``tokenizer.json``, ``chat_template.jinja`` and
-``processor_config.json`` — that ``AutoProcessor.from_pretrained(dir)`` and
-``AutoModelForImageTextToText.from_pretrained(dir)`` load, exactly like a hub checkpoint.
+``generation_config.json``, ``model.safetensors``, ``tokenizer.json``, ``chat_template.jinja`` and (vision-language
+families) ``processor_config.json`` — that ``AutoProcessor.from_pretrained(dir)`` and
+``AutoModelForImageTextToText.from_pretrained(dir)`` load, exactly like a hub checkpoint; for ``qwen2``,
+``AutoTokenizer`` and ``AutoModelForCausalLM`` (a ``Qwen2ForCausalLM``; transformers loads the tokenizer as its
+``Qwen2Tokenizer`` over the trained vocabulary, with Qwen's own pre-tokenizer, as for a real Qwen2.5 checkpoint).
 
 Sizes:
 
@@ -13,7 +16,12 @@ Sizes:
 * ``shape_true``: the real Qwen2-VL-2B-Instruct (or Qwen2.5-VL-3B-Instruct) dimensions, vocabulary 151,936
   included, randomly initialised; ``shape_true_7b``: Qwen2.5-VL-7B-Instruct's (with :func:`save_config_only` only, for
   ``mmgpg plan``: its weights would take 33 GB of memory to initialise). For memory and speed measurements; it has no knowledge. Its tokenizer is still
-  the small local one (ids < 1,024), which does not change any tensor shape the model computes with.
+  the small local one (ids < 1,024), which does not change any tensor shape the model computes with. Vision-language
+  families only: ``qwen2`` is built at the ``tiny`` size (plan a real text checkpoint from its downloaded
+  ``config.json``).
+
+The ``qwen2`` tiny model has the language model of the ``tiny`` Qwen2-VL (same widths, 2 layers, untied head, RoPE
+instead of M-RoPE), the same tokenizer and a Qwen2.5-Instruct-style chat template (:data:`TEXT_CHAT_TEMPLATE`).
 """
 
 from __future__ import annotations
@@ -23,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from mmgpg.models import FAMILIES, QwenVLFamily
+from mmgpg.models import FAMILIES, TEXT_FAMILIES, QwenVLFamily, TextFamily
 
-Family = QwenVLFamily
+Family = QwenVLFamily | TextFamily
 Size = Literal["tiny", "shape_true", "shape_true_7b"]
 SIZES: tuple[str, ...] = ("tiny", "shape_true", "shape_true_7b")
 
@@ -65,6 +73,26 @@ CHAT_TEMPLATE = (
     "{%- elif part['type'] == 'video' or 'video' in part -%}"
     "<|vision_start|><|video_pad|><|vision_end|>"
     "{%- elif 'text' in part -%}{{ part['text'] }}"
+    "{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "<|im_end|>{{ nl }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant{{ nl }}{%- endif -%}"
+)
+
+# The text family's template, written for mmgpg in the layout of Qwen2.5-Instruct's: a default system turn and
+# ``<|im_start|>role\n ... <|im_end|>\n`` per turn. Content is a string or text parts; a text-only model refuses images.
+TEXT_CHAT_TEMPLATE = (
+    "{%- set nl = '\\n' -%}"
+    "{%- for message in messages -%}"
+    "{%- if loop.first and message['role'] != 'system' -%}"
+    "<|im_start|>system{{ nl }}" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>{{ nl }}"
+    "{%- endif -%}"
+    "<|im_start|>{{ message['role'] }}{{ nl }}"
+    "{%- if message['content'] is string -%}{{ message['content'] }}"
+    "{%- else -%}{%- for part in message['content'] -%}"
+    "{%- if 'text' in part -%}{{ part['text'] }}"
+    "{%- else -%}{{ raise_exception('this is a text-only model: a message part that is not text was given') }}"
     "{%- endif -%}"
     "{%- endfor -%}{%- endif -%}"
     "<|im_end|>{{ nl }}"
@@ -124,6 +152,9 @@ SHAPE_TRUE_7B = Dims(152064, 3584, 18944, 28, 28, 4, (16, 24, 24), 1e6, False, 3
 def dims_for(family: Family, size: Size) -> Dims:
     _check_choice("family", family, FAMILIES)
     _check_choice("size", size, SIZES)
+    if family in TEXT_FAMILIES and size != "tiny":
+        raise ValueError(f"--family {family} is built at --size tiny only; to plan a real text model, point "
+                         "model.name_or_path at its downloaded directory (config.json is enough)")
     if size == "shape_true_7b":
         if family != "qwen2_5_vl":
             raise ValueError("size shape_true_7b is Qwen2.5-VL-7B's shape: use --family qwen2_5_vl")
@@ -176,7 +207,11 @@ def build_tokenizer(seed: int = 0):
 
 
 def build_processor(family: Family, tokenizer, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
-    """The Qwen2-VL image and video processors (both are required by transformers 5.x) plus the tokenizer."""
+    """The Qwen2-VL image and video processors (both are required by transformers 5.x) plus the tokenizer; for a text
+    family, the tokenizer itself with the text chat template."""
+    if family in TEXT_FAMILIES:
+        tokenizer.chat_template = TEXT_CHAT_TEMPLATE
+        return tokenizer
     from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
 
     size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
@@ -191,10 +226,20 @@ def build_processor(family: Family, tokenizer, min_pixels: int = 56 * 56, max_pi
 
 
 def build_config(family: Family, dims: Dims, tokenizer):
-    """A ``Qwen2VLConfig`` / ``Qwen2_5_VLConfig`` with the given dimensions and the tokenizer's special-token ids."""
-    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
+    """A ``Qwen2VLConfig`` / ``Qwen2_5_VLConfig`` (or, for ``qwen2``, a ``Qwen2Config``) with the given dimensions and
+    the tokenizer's special-token ids."""
+    from transformers import Qwen2_5_VLConfig, Qwen2Config, Qwen2VLConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    if family == "qwen2":
+        return Qwen2Config(
+            vocab_size=dims.vocab_size, hidden_size=dims.text_hidden, intermediate_size=dims.text_intermediate,
+            num_hidden_layers=dims.text_layers, num_attention_heads=dims.text_heads,
+            num_key_value_heads=dims.text_kv_heads, max_position_embeddings=32768,
+            rope_parameters={"rope_type": "default", "rope_theta": dims.rope_theta},
+            bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+            tie_word_embeddings=dims.tie_word_embeddings,
+        )
     head_dim = dims.text_hidden // dims.text_heads
     if sum(dims.mrope_section) * 2 != head_dim:
         raise ValueError(f"mrope_section {dims.mrope_section} must sum to head_dim/2 = {head_dim // 2}")
@@ -254,7 +299,7 @@ def build_model(family: Family = "qwen2_vl", size: Size = "tiny", seed: int = 0,
 
     import numpy as np
     import torch
-    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
+    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2ForCausalLM, Qwen2VLForConditionalGeneration
 
     py_state, np_state = random.getstate(), np.random.get_state()
     try:
@@ -264,7 +309,8 @@ def build_model(family: Family = "qwen2_vl", size: Size = "tiny", seed: int = 0,
             processor = build_processor(family, tokenizer)
             config = build_config(family, dims, tokenizer)
             torch.manual_seed(seed)
-            cls = Qwen2VLForConditionalGeneration if family == "qwen2_vl" else Qwen2_5_VLForConditionalGeneration
+            cls = {"qwen2_vl": Qwen2VLForConditionalGeneration, "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
+                   "qwen2": Qwen2ForCausalLM}[family]
             model = cls(config).to(getattr(torch, dtype))
     finally:
         random.setstate(py_state)
@@ -279,7 +325,8 @@ def build_model(family: Family = "qwen2_vl", size: Size = "tiny", seed: int = 0,
 def build_and_save(
     out: str | Path, family: Family = "qwen2_vl", size: Size = "tiny", seed: int = 0, dtype: str | None = None
 ) -> Path:
-    """Build a model with :func:`build_model` and save it with its processor as a Hugging Face directory."""
+    """Build a model with :func:`build_model` and save it with its processor (a text family: its tokenizer) as a
+    Hugging Face directory."""
     out = Path(out)
     dtype = dtype or ("float32" if size == "tiny" else "bfloat16")
     model, processor = build_model(family, size, seed, dtype)

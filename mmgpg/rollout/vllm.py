@@ -57,6 +57,7 @@ class VLLMEngine:
                  autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext):
         cfg = config
         r, m = cfg.rollout, cfg.model
+        self._check_family(policy)
         self.policy, self.rollout_cfg = policy, r
         mixed = not isinstance(autocast(), contextlib.nullcontext)
         self.dtype = r.vllm_dtype if r.vllm_dtype != "auto" else ("bfloat16" if mixed
@@ -99,6 +100,19 @@ class VLLMEngine:
                 min_pixels=policy.min_pixels, max_pixels=policy.max_pixels, seed=cfg.seed,
                 gpu_memory_utilization=r.vllm_gpu_memory_utilization, tensor_parallel_size=r.vllm_tensor_parallel_size,
                 sleep=r.vllm_sleep))
+
+    @staticmethod
+    def _check_family(policy: Policy) -> None:
+        """The engine renders images and excludes vision tokens the Qwen-VL way: text-only policies are refused (for
+        now) before anything is started."""
+        from mmgpg.models import QWEN_VL_FAMILIES
+        from mmgpg.typed import ConfigError, Problem
+
+        if policy.family not in QWEN_VL_FAMILIES:
+            raise ConfigError([Problem(
+                "rollout.engine", "vllm", f"The vLLM engine supports the vision-language families "
+                f"({', '.join(QWEN_VL_FAMILIES)}) only; this {policy.family} model is a text-only policy, which it "
+                "does not serve yet.", "use rollout.engine=hf (Hugging Face generate) for text models.")])
 
     @staticmethod
     def _check_settings(r, policy: Policy) -> None:

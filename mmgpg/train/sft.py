@@ -1,9 +1,9 @@
 """Supervised fine-tuning on a task's gold completions: the papers' "+SFT" baseline and the CPU demo's warm start.
 
-It uses the same task plugins and the same policy code as RL: the prompt goes through
-:meth:`~mmgpg.models.qwen_vl.QwenVLPolicy.encode_prompts`, and the loss is the mean negative log-likelihood of the gold completion
-tokens (the task's ``gold_completion(example)`` followed by ``<|im_end|>``), computed by
-:meth:`~mmgpg.models.qwen_vl.QwenVLPolicy.completion_logprobs`. That is the scorer RL uses, so the two cannot drift apart.
+It uses the same task plugins and the same policy code as RL (a vision-language or a text policy): the prompt goes
+through the policy's ``encode_prompts``, and the loss is the mean negative log-likelihood of the gold completion tokens
+(the task's ``gold_completion(example)`` followed by the first EOS id, ``<|im_end|>`` for Qwen), computed by its
+``completion_logprobs``. That is the scorer RL uses, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def gold_rollout(policy: Policy, task: Task, examples: list[Example]) -> Complet
         raise TypeError(f"task {task.name!r} has no gold_completion(example) -> str, so it cannot be used for SFT")
     gold = task.gold_completion
     batch = policy.encode_prompts([task.prompt(ex) for ex in examples])
-    tok = policy.processor.tokenizer
+    tok = policy.tokenizer
     end = policy.eos_token_ids[0]
     ids, mask = pad_completions([tok(gold(ex), add_special_tokens=False)["input_ids"] + [end] for ex in examples],
                                 policy.pad_token_id)

@@ -87,7 +87,7 @@ class Trainer:
             self.reference.model.eval().requires_grad_(False)
         model = self.policy.model
         if cfg.train.freeze_vision:
-            model.model.visual.requires_grad_(False)
+            self._vision_tower().requires_grad_(False)
         if cfg.train.gradient_checkpointing:
             kwargs = {"use_reentrant": False}
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
@@ -122,6 +122,17 @@ class Trainer:
 
         if problems := check_training(self.cfg, self.dist.world_size):
             raise ConfigError(problems)
+
+    def _vision_tower(self) -> torch.nn.Module:
+        """The policy's vision tower (train.freeze_vision); a config error for a text-only model, which has none."""
+        from mmgpg.typed import ConfigError, Problem
+
+        tower = self.policy.vision_tower
+        if tower is None:
+            raise ConfigError([Problem("train.freeze_vision", True, f"The {self.policy.family} model is text-only: it "
+                                       "has no vision tower to freeze.", "remove train.freeze_vision=true (it applies "
+                                       "to vision-language models).")])
+        return tower
 
     def _optimizer_settings(self) -> OptimizerSettings:
         t = self.cfg.train

@@ -60,7 +60,7 @@ def test_config_show_prints_the_resolved_yaml():
     doc = mmgpg("config", "show", "--doc").stdout
     assert "# Completions sampled per prompt" in doc
     assert "task: tiny qwen2_5_vl_3b" not in mmgpg("config", "groups").stdout
-    assert "model: qwen2_5_vl_3b qwen2_5_vl_7b qwen2_vl_2b tiny tiny_qwen2_5_vl" in mmgpg("config", "groups").stdout
+    assert "model: qwen2_5_vl_3b qwen2_5_vl_7b qwen2_vl_2b tiny tiny_qwen2 tiny_qwen2_5_vl" in mmgpg("config", "groups").stdout
 
 
 def test_tasks_lists_the_builtins():

@@ -20,6 +20,7 @@ weight not stop-gradient or its lower bound dropped.
 from __future__ import annotations
 
 import pytest
+from support import FIXTURE_TASKS
 from support.gradient_reference import (
     ALPHA,
     gpg_advantages,
@@ -203,3 +204,35 @@ def test_cispo_updates_equal_the_reference(tiny_dirs, tmp_path):
     assert first < TOL and second < TOL
     ratios = [r for go, gn in zip(old, new) for o, n in zip(go, gn) for r in (n - o).exp().tolist()]
     assert any(r > 1.1 for r in ratios) and any(r < 0.9 for r in ratios)
+
+
+@pytest.mark.parametrize("algo", ["gpg", "grpo"])
+def test_text_policy_gradient_equals_the_reference(tiny_text_dir, tmp_path, algo):
+    """The text-only Qwen2 through the same trainer: micro-batches of 3 prompt groups (so prompts of different lengths
+    are left-padded together), a chunk size that divides nothing, and the one-sequence reference through its own
+    forward (nothing suppressed)."""
+    trainer = make_trainer(str(tiny_text_dir), str(tmp_path / "r"), algo, f"task={FIXTURE_TASKS}:TextParity",
+                           "train.micro_batch_prompts=3", "model.logprob_chunk_size=7")
+    assert trainer.policy.family == "qwen2" and trainer.policy.suppressed_token_ids == []
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    assert len({len(trainer.policy.encode_prompts([trainer.task.prompt(g.example)]).input_ids[0]) for g in groups}) > 1
+    advs = [gpg_advantages(g.rewards) for g in groups] if algo == "gpg" else [zscore_advantages(g.rewards) for g in groups]
+    want = reference_gradient(trainer, groups, advs, alpha=ALPHA if algo == "gpg" else 1.0,
+                              aggregation="seq_mean_token_mean")
+    assert relative_error(trainer_gradient(trainer, groups), want) < TOL
+
+
+def test_text_policy_lora_gradient_equals_the_reference(tiny_text_dir, tmp_path):
+    """LoRA on the text model: adapters on model.layers.N.{q,k,v,o,gate,up,down}_proj (the default targets) and only
+    there; their gradient is the reference's (B starts at 0, so it is the B matrices' gradient that is compared)."""
+    trainer = make_trainer(str(tiny_text_dir), str(tmp_path / "r"), "gpg", f"task={FIXTURE_TASKS}:TextParity",
+                           "model.lora.rank=4")
+    adapted = sorted({n.rsplit(".lora_", 1)[0] for n, p in trainer.policy.model.named_parameters() if p.requires_grad})
+    layers = trainer.policy.model.config.num_hidden_layers
+    assert adapted == sorted(f"model.layers.{i}.{m}" for i in range(layers) for m in (
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+        "mlp.down_proj"))
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    want = reference_gradient(trainer, groups, [gpg_advantages(g.rewards) for g in groups], alpha=ALPHA,
+                              aggregation="seq_mean_token_mean")
+    assert relative_error(trainer_gradient(trainer, groups), want) < TOL

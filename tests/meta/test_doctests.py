@@ -8,3 +8,12 @@ import mmgpg.models.logprobs
 def test_logprobs_doctests():
     result = doctest.testmod(mmgpg.models.logprobs)
     assert result.attempted >= 3 and result.failed == 0
+
+
+def test_text_policy_and_lora_doctests():
+    import mmgpg.models.lora
+    import mmgpg.models.text
+
+    for module, least in ((mmgpg.models.text, 1), (mmgpg.models.lora, 4)):
+        result = doctest.testmod(module)
+        assert result.attempted >= least and result.failed == 0, module.__name__

@@ -1,13 +1,18 @@
 """Tasks for trainer tests: real shapes images and prompts, but rewards that a random-init model already varies on,
-so that groups have reward variance and updates are not all skipped."""
+so that groups have reward variance and updates are not all skipped; and a text-only task for the text policies."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from mmgpg_tasks.scenes import ScenesTask
 from mmgpg_tasks.shapes import ShapesParityTask, ShapesTask
+
+from mmgpg.task import Example, LazyExamples, Task
+from mmgpg.task.rewards import answer_tag
 
 # Loaded by the tests as `fixture_tasks.py:ParityShapes`, which also exercises the path/to/file.py:Class loader.
 ParityShapes = ShapesParityTask
@@ -64,3 +69,45 @@ class JudgeCountingScenes(ScenesTask):
     def judge(self, completion, example, protocol):
         self.judged.append((example.id, protocol))
         return super().judge(completion, example, protocol)
+
+
+@dataclass
+class TextParity(Task):
+    """Text-only prompts for the text policies (no images): "Is 4821 even or odd?", answered in ``<answer>`` tags.
+
+    ``accuracy`` is the right word (a random-init model almost never earns it; SFT on the gold answers does), and
+    ``length_parity`` is 1 for an even-length completion, which a random model earns about half the time, so its groups
+    have reward variance and every training step really updates. Items are a pure function of (seed, split, index).
+    """
+
+    name: ClassVar[str] = "text_parity"
+    version: ClassVar[str] = "test"
+
+    num_train: int = 64
+    num_test: int = 16
+    seed: int = 0
+
+    def __post_init__(self):
+        self.rewards = {"accuracy": lambda c, ex: float((answer_tag(c) or "").strip().lower() == ex.answer),
+                        "length_parity": lambda c, ex: float(len(c) % 2 == 0)}
+
+    def example(self, split: str, index: int) -> Example:
+        rng = random.Random(f"{self.seed}:{split}:{index}")
+        number = rng.randint(0, 10 ** rng.randint(1, 5))  # 1 to 6 digits: prompts of different token lengths
+        return Example(id=f"text-parity-{split}-{index}", images=[], answer="odd" if number % 2 else "even",
+                       question=f"Is {number} even or odd? Put the word in <answer> </answer> tags.")
+
+    def load(self, split: str) -> Sequence[Example]:
+        sizes = {"train": self.num_train, "test": self.num_test}
+        if split not in sizes:
+            raise ValueError(f"text_parity has splits train, test; got {split!r}")
+        return LazyExamples(sizes[split], lambda index: self.example(split, index))
+
+    def prompt(self, example: Example) -> list[dict]:
+        return [{"role": "user", "content": [{"type": "text", "text": example.question}]}]
+
+    def success(self, completion: str, example: Example, rewards) -> bool:
+        return rewards["accuracy"] >= 1.0
+
+    def gold_completion(self, example: Example) -> str:
+        return f"<answer>{example.answer}</answer>"

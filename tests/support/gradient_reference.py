@@ -78,17 +78,20 @@ def sequence_logprob_sum(policy, example, prompt, completion: list[int], tempera
 
 def sequence_token_logprobs(policy, prompt, completion: list[int], temperature: float = 1.0) -> torch.Tensor:
     """``[T]``: log π(o_t) of each token of one completion: one unpadded sequence through model.forward, full logits /
-    temperature, log-softmax over the vocabulary the sampler may emit (vision special tokens excluded)."""
+    temperature, log-softmax over the vocabulary the sampler may emit (a Qwen-VL policy's vision special
+    tokens excluded; a text policy excludes nothing)."""
     batch = policy.encode_prompts([prompt])
     prompt_ids = batch.input_ids[0]
     ids = torch.cat([prompt_ids, torch.tensor(completion)])[None]
-    mm = torch.cat([batch.mm_token_type_ids[0], torch.zeros(len(completion), dtype=torch.long)])[None]
     kwargs = {}
+    if policy.vision_tower is not None:  # a vision-language model: its image-token types, and the images if any
+        kwargs["mm_token_type_ids"] = torch.cat([batch.mm_token_type_ids[0],
+                                                 torch.zeros(len(completion), dtype=torch.long)])[None]
     if batch.pixel_values is not None:
-        kwargs = {"pixel_values": batch.pixel_values, "image_grid_thw": batch.image_grid_thw}
-    logits = policy.model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm, **kwargs).logits[0]
+        kwargs.update(pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw)
+    logits = policy.model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs).logits[0]
     logits = logits.float() / temperature
-    logits[:, policy.vision_token_ids] = float("-inf")
+    logits[:, policy.suppressed_token_ids] = float("-inf")
     logp = torch.log_softmax(logits, -1)[len(prompt_ids) - 1 : -1]
     return logp.gather(-1, torch.tensor(completion)[:, None])[:, 0]
 

@@ -71,7 +71,7 @@ def test_every_problem_is_reported_once_with_what_got_why_fix():
     text = str(err)
     assert text.startswith("7 problem(s) in the configuration:")
     assert "Did you mean 'group_size'?" in text
-    assert "choose one of: qwen2_5_vl_3b, qwen2_5_vl_7b, qwen2_vl_2b, tiny, tiny_qwen2_5_vl" in text
+    assert "choose one of: qwen2_5_vl_3b, qwen2_5_vl_7b, qwen2_vl_2b, tiny, tiny_qwen2, tiny_qwen2_5_vl" in text
     assert "got 1.5" in text and "Fix:" in text
 
 

@@ -61,3 +61,10 @@ def test_logprob_diff_over_micro_batches_and_the_limits():
         check_logprob_diff(mean, mx, n, mean_limit=None, max_limit=0.2, step=0)
     nothing = LogprobDiff().reduce()
     assert nothing[2] == 0 and check_logprob_diff(*nothing, mean_limit=1e-9, max_limit=1e-9, step=0)
+
+
+def test_a_text_policy_is_refused_before_vllm_starts(tiny_text_dir):
+    text_policy = load_policy(str(tiny_text_dir), dtype="float32", device="cpu")
+    cfg = resolve(["model.name_or_path=tiny:qwen2", "rollout.engine=vllm"]).config
+    with pytest.raises(ConfigError, match="rollout.engine.*qwen2 model is a text-only policy.*rollout.engine=hf"):
+        build_engine("vllm", text_policy, cfg)

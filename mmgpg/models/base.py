@@ -1,0 +1,221 @@
+"""What every policy shares, so that the families cannot drift apart: the EOS and pad ids, the sampling rule, the
+completion mask after generation, scoring completions from hidden states in chunks, the prompt-length guard and
+regathering encoded prompts. A family's file (:mod:`.qwen_vl`, :mod:`.text`) adds how it encodes prompts and runs
+its forward; :class:`PolicyBase` holds the rest.
+
+* **EOS**: every id of the generation config's ``eos_token_id`` (the tokenizer's when it names none); the pad id is
+  the generation config's, else the tokenizer's, else the first EOS. A completion ends at the first EOS of *any* id.
+* **Sampling**: :meth:`PolicyBase.sampling_kwargs` sets every knob transformers would otherwise fill from the
+  checkpoint's ``generation_config.json``, so completions are drawn from exactly the distribution
+  :meth:`PolicyBase.score_hidden` scores (temperature only, over the vocabulary without
+  :attr:`PolicyBase.suppressed_token_ids`).
+* **Scoring**: the hidden state before each completion token, through the output head the forward really uses
+  (:func:`mmgpg.models.lora.output_head`, called as the head's own forward so DeepSpeed ZeRO-3 gathers it), in
+  chunks (:func:`mmgpg.models.logprobs.chunked_token_logprobs`), with gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from mmgpg.models.batch import CompletionBatch, PromptBatch
+from mmgpg.models.logprobs import chunked_token_logprobs, completion_mask
+
+
+class PolicyBase:
+    """The shared half of a policy (:class:`mmgpg.models.Policy`). Subclasses call :meth:`_setup` first and
+    implement ``encode_prompts``, ``generate`` (through :meth:`_sample`) and ``completion_logprobs`` (through
+    :meth:`score_hidden`)."""
+
+    family: str
+    suppressed_token_ids: list[int]
+
+    def _setup(self, model, processor, tokenizer, *, family: str, max_prompt_length: int | None) -> None:
+        self.model = model
+        self.processor = processor
+        self.tokenizer = tokenizer
+        self.peft = None  # the peft.PeftModel owning LoRA adapters injected into `model` (mmgpg.models.lora.attach)
+        self.family = family
+        self.max_prompt_length = max_prompt_length
+        self.suppressed_token_ids = []
+        tokenizer.padding_side = "left"
+        gen = model.generation_config
+        eos = gen.eos_token_id if gen.eos_token_id is not None else tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError(f"the {family} checkpoint names no EOS token (generation_config.json and the tokenizer): "
+                             "completions could never end")
+        self.eos_token_ids: list[int] = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        self.pad_token_id: int = gen.pad_token_id if gen.pad_token_id is not None else tokenizer.pad_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = self.eos_token_ids[0]
+        if tokenizer.pad_token_id is None:  # the tokenizer pads prompts with the same id
+            tokenizer.pad_token_id = self.pad_token_id
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def vision_tower(self) -> torch.nn.Module | None:
+        """The vision encoder, or None (a text-only model)."""
+        return None
+
+    # ---- prompts --------------------------------------------------------------------------------------------------
+
+    def check_prompt_lengths(self, attention_mask: torch.Tensor, hint: str) -> None:
+        """Refuse prompts longer than ``max_prompt_length`` tokens (never truncated silently); ``hint``: what to change."""
+        if self.max_prompt_length is None:
+            return
+        too_long = [(i, int(n)) for i, n in enumerate(attention_mask.sum(-1)) if n > self.max_prompt_length]
+        if too_long:
+            listed = ", ".join(f"prompt {i}: {n} tokens" for i, n in too_long)
+            raise ValueError(f"{len(too_long)} prompt(s) exceed max_prompt_length={self.max_prompt_length} ({listed}). "
+                             f"{hint} mmgpg never truncates a prompt silently.")
+
+    def gather_prompts(self, rows: Sequence[tuple[PromptBatch, int]]) -> PromptBatch:
+        """One left-padded batch of prompt ``p`` of each ``(batch, p)``: how the update reuses the prompts the rollout
+        already encoded (images preprocessed once per step) for micro-batches of groups from any attempts."""
+        return gather_prompts(rows, self.pad_token_id)
+
+    # ---- sampling -------------------------------------------------------------------------------------------------
+
+    def sampling_kwargs(
+        self, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0
+    ) -> dict[str, Any]:
+        """``generate`` settings that fix every logits processor a checkpoint's generation config could switch on.
+
+        transformers fills any generation setting not passed to ``generate`` from the checkpoint's
+        ``generation_config.json`` (Qwen2-VL-Instruct ships ``top_k=1, top_p=0.001, temperature=0.1,
+        repetition_penalty=1.05``), so the neutral values are set explicitly (``None`` passed explicitly switches a
+        processor off). With ``temperature`` 1, ``top_p`` 1 and ``top_k`` 0, completions are sampled from exactly the
+        distribution :meth:`score_hidden` scores (on-policy). ``temperature=0`` is greedy decoding.
+        """
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1; got {max_new_tokens}")
+        common = dict(
+            max_new_tokens=max_new_tokens,
+            num_beams=1,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            min_new_tokens=0,  # also replaces a checkpoint's min_length
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            # Qwen-VL: a sampled vision token would desynchronise image features and placeholders in the training
+            # forward. None (nothing suppressed) also clears a checkpoint's own suppress_tokens.
+            suppress_tokens=list(self.suppressed_token_ids) or None,
+            begin_suppress_tokens=None,
+            bad_words_ids=None,
+            sequence_bias=None,
+            forced_bos_token_id=None,
+            forced_eos_token_id=None,
+            exponential_decay_length_penalty=None,
+            guidance_scale=None,
+            watermarking_config=None,
+            stop_strings=None,
+        )
+        if temperature == 0:  # greedy: the sampling filters below have no effect, so they are not passed
+            return dict(common, do_sample=False)
+        return dict(common, do_sample=True, temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+                    min_p=0.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+
+    def check_completions(self, completion_ids: torch.Tensor, mask: torch.Tensor) -> None:
+        """Refuse completions the training forward could not score (a family's own rule; none by default)."""
+
+    @torch.no_grad()
+    def _sample(self, inputs: dict[str, Any], prompts: PromptBatch, group_size: int, *, max_new_tokens: int,
+                temperature: float, top_p: float, top_k: int) -> CompletionBatch:
+        """``model.generate(**inputs)`` with :meth:`sampling_kwargs`, ``group_size`` sequences per prompt
+        (prompt-major), cut after the prompt and masked at the first EOS of any id."""
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1; got {group_size}")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(
+                **inputs,
+                num_return_sequences=group_size,
+                **self.sampling_kwargs(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k),
+            )
+        finally:
+            self.model.train(was_training)
+        completion_ids = out[:, inputs["input_ids"].shape[1] :]
+        mask = completion_mask(completion_ids, self.eos_token_ids)
+        self.check_completions(completion_ids, mask)
+        texts = self.processor.batch_decode(
+            completion_ids.masked_fill(~mask, self.pad_token_id), skip_special_tokens=True
+        )
+        return CompletionBatch(prompts=prompts, group_size=group_size, completion_ids=completion_ids.cpu(),
+                               completion_mask=mask.cpu(), texts=texts)
+
+    # ---- scoring --------------------------------------------------------------------------------------------------
+
+    def score_hidden(self, hidden: torch.Tensor, prompt_len: int, completion_ids: torch.Tensor,
+                     mask: torch.Tensor, *, chunk_size: int, temperature: float) -> torch.Tensor:
+        """Per-token log-probs ``[N, T]`` (0 where ``mask`` is 0) of the completion tokens from the last hidden states
+        ``[N, prompt_len + T, H]`` of prompts followed by completions, with gradients.
+
+        ``logp[i, t] = log softmax(z_{i, prompt_len + t - 1} / temperature)[y_{i, t}]`` over the vocabulary without
+        :attr:`suppressed_token_ids` (which sampling suppresses), i.e. exactly the sampling distribution. Only
+        masked-in positions are scored, ``chunk_size`` tokens at a time.
+        """
+        from mmgpg.models.lora import output_head
+
+        scored = hidden[:, prompt_len - 1 : -1][mask]  # [K, H]: positions that predict completion tokens
+        head = self.model.get_output_embeddings()
+
+        def score(hidden_, targets_):  # reads the head's weights only inside head's own call (see call_through)
+            weight, bias = output_head(self.model)  # through PEFT's wrappers: the head the forward really uses
+            return chunked_token_logprobs(hidden_, weight, targets_, chunk_size=chunk_size, bias=bias,
+                                          temperature=temperature, excluded_token_ids=self.suppressed_token_ids)
+
+        logp = call_through(head, score, scored, completion_ids[mask])
+        out = torch.zeros(completion_ids.shape, dtype=logp.dtype, device=hidden.device)
+        return out.masked_scatter(mask, logp)
+
+
+def call_through(module: torch.nn.Module, fn, *args):
+    """``fn(*args)`` run as ``module``'s forward, so hooks on ``module`` see it: DeepSpeed ZeRO-3 gathers a
+    partitioned ``lm_head.weight`` for the call and again for its backward (and releases it after each), exactly as for
+    the module's own forward. Without hooks this is ``fn(*args)``."""
+    module.forward = fn  # an instance attribute shadows the class's forward for this one call
+    try:
+        return module(*args)
+    finally:
+        del module.forward
+
+
+def gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -> PromptBatch:
+    """Prompt ``p`` of each ``(batch, p)`` as one left-padded batch, with its images' pixel rows (none for text)."""
+    if not rows:
+        raise ValueError("gather_prompts needs at least one (batch, prompt index)")
+    ids, mm, pixels, grids, per_prompt, texts = [], [], [], [], [], []
+    for batch, p in rows:
+        keep = batch.attention_mask[p].bool()
+        ids.append(batch.input_ids[p][keep])
+        mm.append(batch.mm_token_type_ids[p][keep])
+        n_images = batch.images_per_prompt[p]
+        if n_images:
+            first = sum(batch.images_per_prompt[:p])
+            counts = batch.image_grid_thw.prod(-1)
+            start = int(counts[:first].sum())
+            pixels.append(batch.pixel_values[start : start + int(counts[first : first + n_images].sum())])
+            grids.append(batch.image_grid_thw[first : first + n_images])
+        per_prompt.append(n_images)
+        texts.append(batch.texts[p])
+    width = max(len(x) for x in ids)
+
+    def left_pad(rows_, value):
+        return torch.stack([torch.cat([r.new_full((width - len(r),), value), r]) for r in rows_])
+
+    return PromptBatch(
+        input_ids=left_pad(ids, pad_token_id),
+        attention_mask=left_pad([torch.ones_like(r) for r in ids], 0),
+        mm_token_type_ids=left_pad(mm, 0),
+        pixel_values=torch.cat(pixels) if pixels else None,
+        image_grid_thw=torch.cat(grids) if grids else None,
+        images_per_prompt=per_prompt,
+        texts=texts,
+    )
