@@ -280,34 +280,55 @@ def _read_marker(checkpoint: Path) -> dict[str, int]:
     return meta
 
 
-def _safe_load(path: Path, mmap: bool = False) -> Any:
-    """``torch.load(weights_only=True)``: tensors and plain data only; a file that needs more is refused.
-    ``mmap``: map the tensors instead of reading them (a cheap check of a large optimizer state)."""
-    import torch
+def _safe_load(path: Path, mmap: bool = False, **kwargs) -> Any:
+    """:func:`mmgpg.utils.safe_load` (imported here only when used: reading a run's logs must not import torch)."""
+    from mmgpg.utils import safe_load
 
-    if not path.is_file():
-        raise CheckpointError(f"{path.name} is missing")
+    return safe_load(path, mmap=mmap, **kwargs)
+
+
+def verify_engine_dir(engine: Path) -> None:
+    """DeepSpeed's ``engine/``: it holds model states, and every file in it (but DeepSpeed's two conversion scripts)
+    loads with ``weights_only=True`` and :data:`mmgpg.backends.deepspeed.ENGINE_SAFE_GLOBALS`. Without DeepSpeed installed (a checkpoint read
+    for evaluation elsewhere) the pickles' globals are listed instead of loaded: still nothing is unpickled."""
+    if not engine.is_dir():
+        raise CheckpointError("engine/ (DeepSpeed's optimizer state) is missing")
+    from mmgpg.backends.deepspeed import ENGINE_SAFE_GLOBALS, ENGINE_SCRIPTS, engine_safe_globals
+
+    files = sorted(p for p in engine.rglob("*")
+                   if p.is_file() and not (p.parent == engine and p.name in ENGINE_SCRIPTS))
+    if not any(p.name.endswith("model_states.pt") for p in files):
+        raise CheckpointError("engine/ holds no DeepSpeed model states (*model_states.pt)")
     try:
-        return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
-    except Exception as err:  # noqa: BLE001 - torch raises many types for bad files; each becomes one message
-        text = str(err)
-        if "Weights only load failed" in text or "Unsupported global" in text:
-            raise CheckpointError(f"{path.name} holds Python objects other than tensors and plain data; mmgpg does "
-                                  "not unpickle those (they can run code). It was written by an older mmgpg or "
-                                  "tampered with") from None
-        first = text.splitlines()[0][:200] if text.strip() else "empty or truncated file"
-        raise CheckpointError(f"{path.name} is unreadable ({type(err).__name__}: {first})") from None
+        allow = engine_safe_globals()
+    except ImportError:
+        allow = None
+    for path in files:
+        label = f"engine/{path.relative_to(engine)}"
+        if allow is not None:
+            _safe_load(path, mmap=True, allow=allow, label=label)
+            continue
+        import torch
+
+        try:
+            unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - set(ENGINE_SAFE_GLOBALS)
+        except Exception as err:  # noqa: BLE001 - not a torch zip file, truncated, ...
+            raise CheckpointError(f"{label} is unreadable ({type(err).__name__}: {str(err)[:200]})") from None
+        if unsafe:
+            raise CheckpointError(f"{label} holds Python objects other than tensors and plain data "
+                                  f"({', '.join(sorted(unsafe))}); mmgpg does not unpickle those (they can run code)")
 
 
 def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
-    """Check ``checkpoint`` without loading the model: the marker, every rank's RNG file and the trainer state load
-    (safely), and ``policy/`` has a readable ``config.json`` and intact safetensors headers. Returns the marker."""
+    """Check ``checkpoint`` without loading the model: the marker, every rank's RNG file, the trainer state and
+    DeepSpeed's ``engine/`` files load (safely), and ``policy/`` has a readable ``config.json`` and intact safetensors
+    headers. Returns the marker."""
     meta = _read_marker(checkpoint)
     state = _safe_load(checkpoint / "trainer_state.pt", mmap=True)
     if not isinstance(state, dict) or not {"optimizer", "scheduler", "stream", "counters"} <= set(state):
         raise CheckpointError("trainer_state.pt lacks the optimizer, scheduler, stream or counters")
-    if "deepspeed" in state and not (checkpoint / "engine").is_dir():
-        raise CheckpointError("engine/ (DeepSpeed's optimizer state) is missing")
+    if "deepspeed" in state or (checkpoint / "engine").exists():  # train.backend=deepspeed
+        verify_engine_dir(checkpoint / "engine")
     for rank in range(meta["world_size"]):
         rng = _safe_load(checkpoint / f"rng_rank{rank}.pt")
         if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):

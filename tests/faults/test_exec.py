@@ -3,7 +3,9 @@ math_verify.py / sympy.py in the directory where mmgpg runs. Each attack writes 
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.faults_support import TINY, mmgpg, steps
 
 from mmgpg.rundir import verify_checkpoint
 from mmgpg.train.checkpoint import load_trainer_state
@@ -89,3 +92,64 @@ def test_ctrl_c_in_the_terminal_does_not_kill_the_math_worker_with_a_traceback(t
     assert "parent got SIGINT" in out
     assert "alive True (True, '4')" in out, out + err
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
+
+
+# ---- DeepSpeed's engine/ state: DeepSpeed itself unpickles it with weights_only=False -----------------------------
+
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+DS = [*TINY, "train.backend=deepspeed", "train.zero_stage=2"]
+OPTIM = "engine/state/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+
+
+@pytest.fixture(scope="module")
+def ds_run(tmp_path_factory) -> Path:
+    """A 2-step single-process ZeRO-2 run with checkpoints step-1 and step-2 (tests work on copies)."""
+    run = tmp_path_factory.mktemp("ds") / "run"
+    mmgpg("train", *DS, "train.max_steps=2", "train.save_every=1", f"output_dir={run}")
+    return run
+
+
+def _plant(state_file: Path, marker: Path) -> None:
+    """Add an object that runs code when unpickled to one of DeepSpeed's own state files (which it then still holds)."""
+    import deepspeed  # noqa: F401 - its classes are in the file; this test trusts the file it just wrote
+
+    state = torch.load(state_file, weights_only=False)
+    state["evil"] = _Evil(marker)
+    torch.save(state, state_file)
+
+
+@needs_deepspeed
+def test_a_crafted_deepspeed_engine_file_is_refused_and_resume_falls_back(tmp_path, ds_run):
+    run = tmp_path / "run"
+    shutil.copytree(ds_run, run)
+    marker = tmp_path / "MARKER"
+    newest = run / "checkpoints" / "step-00000002"
+    _plant(newest / OPTIM, marker)
+    with pytest.raises(CheckpointError, match="zero_pp_rank_0_mp_rank_00_optim_states.pt.*not unpickle"):
+        verify_checkpoint(newest)
+    verify_checkpoint(run / "checkpoints" / "step-00000001")  # DeepSpeed's real files load with weights_only=True
+    proc = mmgpg("train", *DS, "train.max_steps=3", "train.save_every=1", "train.resume=true", f"output_dir={run}")
+    assert not marker.exists(), "resuming from a crafted DeepSpeed state file ran code"
+    assert "skipping checkpoint" in proc.stderr and "step-00000002" in proc.stderr and "optim_states.pt" in proc.stderr
+    assert steps(run) == [1, 2, 3]  # resumed from the intact step 1, as the plain backend does
+    verify_checkpoint(run / "checkpoints" / "step-00000002")  # rewritten by the resumed run
+
+
+@needs_deepspeed
+def test_deepspeed_itself_never_unpickles_an_engine_file_beyond_tensors(tmp_path, ds_run):
+    """Defence in depth: the backend's own load (after verification) goes through weights_only=True too."""
+    run = tmp_path / "run"
+    shutil.copytree(ds_run, run)
+    marker = tmp_path / "MARKER"
+    _plant(run / "checkpoints" / "step-00000002" / OPTIM, marker)
+    code = ("import sys; from pathlib import Path\n"
+            "from mmgpg.config import resolve; from mmgpg.train.trainer import Trainer\n"
+            "from mmgpg.typed import CheckpointError\n"
+            f"trainer = Trainer(resolve({[*DS, 'output_dir=' + str(tmp_path / 'fresh')]!r}))\n"
+            "try:\n"
+            f"    trainer.backend.load_engine_state(Path({str(run / 'checkpoints' / 'step-00000002' / 'engine')!r}))\n"
+            "except CheckpointError as err:\n"
+            "    print('refused:', err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert not marker.exists(), "DeepSpeed unpickled a crafted state file"
+    assert "refused:" in proc.stdout and "optim_states.pt" in proc.stdout, proc.stdout + proc.stderr[-3000:]
