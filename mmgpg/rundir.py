@@ -66,12 +66,19 @@ def read_config_tree(path: str | Path) -> dict | None:
     return tree if isinstance(tree, dict) else None
 
 
-def read_config(path: str | Path, *, overrides: list[str] = (), lenient: bool = False):
+def read_config(path: str | Path, *, overrides: list[str] = (), lenient: bool = False, use_task: bool = True):
     """A run's ``config.yaml`` (or the run directory holding it) → ``(Config, ignored keys)``, validated, with
     ``a.b=value`` field overrides applied (a group such as ``task=...`` cannot be swapped under a finished run).
     ``lenient``: keys this mmgpg version does not have (a run made by an older version) are ignored and named
-    instead of being an error. Every other problem is one :class:`mmgpg.config.ConfigError`."""
+    instead of being an error. Every other problem is one :class:`mmgpg.config.ConfigError`.
+
+    The run's task, when it is a task *file* (``path.py:Class``), is code named by a file that may come from someone
+    else: it is never imported on the run's word. ``use_task`` (the caller runs the task): the user must name it
+    in ``overrides`` (``task=path.py:Class``, the run's own file and class), else the read is refused with the
+    argument to add. ``use_task=False`` (the caller only reads the run): the task is not looked up at all. An
+    installed task (a ``mmgpg.tasks`` entry point) is the user's own code and is checked as usual."""
     from mmgpg.config import Config, ConfigError, Problem, apply_override, check, from_dict
+    from mmgpg.task import is_task_file, same_task
 
     path = Path(path)
     if path.is_dir():
@@ -80,8 +87,12 @@ def read_config(path: str | Path, *, overrides: list[str] = (), lenient: bool = 
         raise FileNotFoundError(f"{path} does not exist: give a run directory written by mmgpg train")
     tree = read_config_tree(path) or {}
     problems: list = []
+    named = None  # task=... on the command line: the user naming the run's task
     for arg in overrides:
         key, sep, raw = arg.partition("=")
+        if key == "task" and sep:
+            named = raw
+            continue
         if not sep or "." not in key:
             problems.append(Problem(arg, arg, "Under a run directory only field overrides a.b=value apply.",
                                     "write e.g. rollout.temperature=1.0 (the run's task and model are kept)."))
@@ -89,7 +100,19 @@ def read_config(path: str | Path, *, overrides: list[str] = (), lenient: bool = 
         apply_override(tree, key, raw)
     cfg = from_dict(Config, tree, problems)
     ignored = [p.key for p in problems if lenient and "has no field" in p.why]
-    problems = [p for p in problems if p.key not in ignored] + check(cfg)
+    task = cfg.task.name
+    check_task = True
+    if named is not None and not same_task(named, task):
+        problems.append(Problem("task", named, f"It is not this run's task ({task}, in {path}); a finished run's task "
+                                "cannot be swapped.", f"give task={task} (the run's own), or leave task= out."))
+        check_task = False
+    elif is_task_file(task) and named is None:
+        check_task = False
+        if use_task:
+            problems.append(Problem("task.name", task, f"{path} names a task file. mmgpg does not import code named "
+                                    "by a run directory (it may come from someone else).",
+                                    f"read that file; to run it, name it yourself: add task={task} to the command."))
+    problems = [p for p in problems if p.key not in ignored] + check(cfg, task=check_task)
     if problems:
         raise ConfigError(problems)
     return cfg, ignored

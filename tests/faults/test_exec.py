@@ -153,3 +153,40 @@ def test_deepspeed_itself_never_unpickles_an_engine_file_beyond_tensors(tmp_path
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert not marker.exists(), "DeepSpeed unpickled a crafted state file"
     assert "refused:" in proc.stdout and "optim_states.pt" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+# ---- a task file named by someone else's run directory ------------------------------------------------------------
+
+THEIR_TASK = """
+open({marker!r}, "a").write("code ran\\n")
+from mmgpg_tasks.shapes import ShapesParityTask as Theirs
+"""
+
+
+def test_diagnose_and_probe_never_import_a_task_file_named_by_the_run_directory(tmp_path, checkpoint_copy):
+    run = checkpoint_copy(tmp_path)
+    marker = tmp_path / "MARKER"
+    theirs = tmp_path / "their_task.py"
+    theirs.write_text(THEIR_TASK.format(marker=str(marker)))
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace(TINY[1].partition("=")[2], f"{theirs}:Theirs"))
+    assert f"name: {theirs}:Theirs" in config.read_text()
+
+    proc = mmgpg("diagnose", str(run), "--out", str(tmp_path / "diagnose"), check=False)
+    assert not marker.exists(), "mmgpg diagnose imported the task file named by the run's config.yaml"
+    assert proc.returncode == 0, proc.stderr  # diagnose needs no task: success is in the records
+
+    probe = ["probe", str(run), "--step", "0", "--samples", "2", "--limit", "1", "--batch-prompts", "1",
+             "rollout.max_new_tokens=4"]
+    proc = mmgpg(*probe, check=False)
+    assert not marker.exists(), "mmgpg probe imported the task file named by the run's config.yaml"
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"task={theirs}:Theirs" in proc.stderr  # says how to run it once the user has read the file
+    other = tmp_path / "other.py"
+    other.write_text(THEIR_TASK.format(marker=str(marker)))
+    proc = mmgpg(*probe, f"task={other}:Theirs", check=False)  # naming another file does not swap the run's task
+    assert proc.returncode == 2 and not marker.exists() and "not this run's task" in proc.stderr, proc.stderr
+
+    # The user names it on the command line: now it is code they chose to run.
+    proc = mmgpg(*probe, f"task={theirs}:Theirs")
+    assert marker.read_text() == "code ran\n" and "probed 1 prompts" in proc.stdout
