@@ -60,15 +60,15 @@ def model_shape(path: str, lora=None) -> ModelShape:
     """Read ``config.json`` of a model directory (or hub id, when the hub is reachable) and count parameters on the
     meta device; with ``lora`` (a :class:`mmgpg.config.LoraConfig` of rank > 0) also what it trains."""
     import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText
+    from transformers import AutoModelForImageTextToText
 
     from mmgpg.models import FAMILIES
-    from mmgpg.models.load import resolve_model_path
+    from mmgpg.models.load import no_remote_code, read_model_config, resolve_model_path
     from mmgpg.models.tiny import count_parameters
 
     path = resolve_model_path(path)
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = read_model_config(path)
     except OSError as err:
         raise ValueError(
             f"could not read the config of model {path!r} ({str(err).splitlines()[0]}). The planner needs only its "
@@ -78,7 +78,7 @@ def model_shape(path: str, lora=None) -> ModelShape:
     if config.model_type not in FAMILIES:
         raise ValueError(f"{path!r} is a {config.model_type!r} model; mmgpg plans {', '.join(FAMILIES)}")
     with torch.device("meta"):
-        model = AutoModelForImageTextToText.from_config(config)
+        model = no_remote_code(AutoModelForImageTextToText.from_config, config)
     counts = count_parameters(model)
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     text, vision = config.text_config, config.vision_config

@@ -59,7 +59,7 @@ def cmd_model_tiny(args) -> int:
     out = build_and_save(args.out, family=args.family, size=args.size, seed=args.seed, dtype=args.dtype)
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(out)
+    model = AutoModelForImageTextToText.from_pretrained(out, trust_remote_code=False)
     counts = count_parameters(model)
     print(f"built {args.size} {args.family} in {out} ({time.perf_counter() - t0:.1f} s): "
           f"{counts['total']:,} parameters ({counts['vision']:,} vision, {counts['language']:,} language), "
@@ -69,16 +69,16 @@ def cmd_model_tiny(args) -> int:
 
 def cmd_model_info(args) -> int:
     import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText, GenerationConfig
+    from transformers import AutoModelForImageTextToText, GenerationConfig
 
-    from mmgpg.models.load import check_model_source, resolve_model_path
+    from mmgpg.models.load import check_model_source, no_remote_code, read_model_config, resolve_model_path
     from mmgpg.models.tiny import count_parameters
 
     path = resolve_model_path(args.model)
     check_model_source(path)
-    config = AutoConfig.from_pretrained(path)
+    config = read_model_config(path)
     with torch.device("meta"):
-        model = AutoModelForImageTextToText.from_config(config)
+        model = no_remote_code(AutoModelForImageTextToText.from_config, config)
     counts = count_parameters(model)
     text = config.text_config
     try:

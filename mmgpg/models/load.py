@@ -1,5 +1,8 @@
 """Loading a policy: hub ids, local directories and the offline ``tiny`` models (built once, cached), dtypes and
-the default device. The one place ``from_pretrained`` is called for the policy (never ``trust_remote_code``)."""
+the default device. The one place ``from_pretrained`` is called for the policy. A model folder's own code never runs:
+every ``from_pretrained`` passes ``trust_remote_code=False`` (:func:`no_remote_code`), so a folder whose
+``config.json`` maps the Auto classes to its own Python files (``auto_map``) is refused with a message instead of
+transformers asking on stdin whether to run it."""
 
 from __future__ import annotations
 
@@ -59,6 +62,31 @@ def _build_tiny(target: Path, family: str) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+class RemoteCodeRefused(ValueError):
+    """A model folder (or hub repository) that can only be loaded by running its own Python code."""
+
+
+def no_remote_code(load, source: str, *args, **kwargs):
+    """``load(source, *args, trust_remote_code=False, **kwargs)`` (a ``from_pretrained`` or ``from_config``): a model
+    that needs its own code is :class:`RemoteCodeRefused`, never a prompt and never run."""
+    try:
+        return load(source, *args, trust_remote_code=False, **kwargs)
+    except ValueError as err:
+        if "custom code" not in str(err) and "trust_remote_code" not in str(err):
+            raise
+        raise RemoteCodeRefused(
+            f"model {str(source)!r} runs code of its own to load (its config.json maps transformers' Auto classes to "
+            "Python files of the model folder: auto_map). mmgpg never runs a model folder's code. Use a Qwen2-VL or "
+            "Qwen2.5-VL model that transformers supports itself.") from None
+
+
+def read_model_config(path: str):
+    """``AutoConfig.from_pretrained(path)`` without a model's own code (:func:`no_remote_code`)."""
+    from transformers import AutoConfig
+
+    return no_remote_code(AutoConfig.from_pretrained, path)
+
+
 def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
     """``auto`` is bfloat16 on a GPU that supports it and float32 otherwise."""
     if name == "auto":
@@ -103,12 +131,14 @@ def load_policy(
     ``device="meta"`` builds the model without reading its weights (for checks that need only shapes and the
     processor, such as ``mmgpg check``).
     """
-    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText, AutoProcessor
 
     path = resolve_model_path(name_or_path)
     local = check_model_source(path)
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = read_model_config(path)
+    except RemoteCodeRefused:
+        raise
     except (OSError, ValueError) as err:
         if local:
             raise ValueError(f"model directory {path!r}: its config.json cannot be used ({str(err)[:300]})") from None
@@ -126,10 +156,10 @@ def load_policy(
         kwargs["attn_implementation"] = attn_implementation
     if device.type == "meta":  # shapes only, no weights read (pre-flight checks: prompts and processor)
         with torch.device("meta"):
-            model = AutoModelForImageTextToText.from_config(config, **kwargs)
+            model = no_remote_code(AutoModelForImageTextToText.from_config, config, **kwargs)
     else:
-        model = AutoModelForImageTextToText.from_pretrained(path, **kwargs).to(device)
-    processor = AutoProcessor.from_pretrained(path)
+        model = no_remote_code(AutoModelForImageTextToText.from_pretrained, path, **kwargs).to(device)
+    processor = no_remote_code(AutoProcessor.from_pretrained, path)
     return QwenVLPolicy(model, processor, min_pixels=min_pixels, max_pixels=max_pixels, max_prompt_length=max_prompt_length)
 
 

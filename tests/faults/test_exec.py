@@ -4,6 +4,7 @@ math_verify.py / sympy.py in the directory where mmgpg runs. Each attack writes 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -190,3 +191,43 @@ def test_diagnose_and_probe_never_import_a_task_file_named_by_the_run_directory(
     # The user names it on the command line: now it is code they chose to run.
     proc = mmgpg(*probe, f"task={theirs}:Theirs")
     assert marker.read_text() == "code ran\n" and "probed 1 prompts" in proc.stdout
+
+
+# ---- a model folder that asks to run its own code (auto_map, unknown model_type) ----------------------------------
+
+REMOTE_CODE = """
+open({marker!r}, "a").write("code ran\\n")
+from transformers import PretrainedConfig
+
+
+class RemoteConfig(PretrainedConfig):
+    model_type = "remote_vlm"
+"""
+
+
+@pytest.fixture
+def remote_code_model(tmp_path) -> tuple[Path, Path]:
+    """A model folder whose config.json maps the Auto classes to its own remote_vlm.py (which writes a marker)."""
+    from safetensors.torch import save_file
+
+    model, marker = tmp_path / "remote_model", tmp_path / "MARKER"
+    model.mkdir()
+    (model / "remote_vlm.py").write_text(REMOTE_CODE.format(marker=str(marker)))
+    auto = {name: "remote_vlm.RemoteConfig" for name in ("AutoConfig", "AutoModelForImageTextToText", "AutoProcessor")}
+    (model / "config.json").write_text(json.dumps({"model_type": "remote_vlm", "auto_map": auto}))
+    save_file({"w": torch.zeros(2)}, str(model / "model.safetensors"))
+    return model, marker
+
+
+@pytest.mark.parametrize("command", ["eval", "model info", "plan"])
+def test_a_model_folder_with_its_own_code_is_refused_without_a_prompt(tmp_path, remote_code_model, command):
+    model, marker = remote_code_model
+    args = {"eval": ["eval", "--task", "shapes", "--ckpt", str(model), "--limit", "1", "--output", str(tmp_path / "e")],
+            "model info": ["model", "info", str(model)],
+            "plan": ["plan", "--gpus", "1", "--gpu-memory-gb", "80", f"model.name_or_path={model}"]}[command]
+    proc = subprocess.run([sys.executable, "-m", "mmgpg", *args], input="y\n", capture_output=True, text=True,
+                          timeout=300)
+    assert not marker.exists(), f"mmgpg {command} ran the model folder's code after a 'y' on stdin"
+    assert "[y/N]" not in proc.stdout + proc.stderr  # never asks
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "runs code" in proc.stderr and str(model) in proc.stderr, proc.stderr
