@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from mmgpg.jsonl import finite_json
+from mmgpg.jsonl import finite_json, write_jsonl_atomic, write_text_atomic
 from mmgpg.rollout import RolloutEngine, Sampling
 from mmgpg.task import Example, Task
 from mmgpg.task.judges import Judgement
@@ -184,8 +184,9 @@ def write_evaluation(output: str | Path, metrics: dict[str, float], records: lis
     """``predictions.jsonl`` (one object per sample) and ``metrics.json`` (metrics + how they were made)."""
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    with open(output / "predictions.jsonl", "w") as f:
-        for r in records:  # strict JSON: a non-finite number is written as null
-            f.write(json.dumps(finite_json(r), default=str, allow_nan=False) + "\n")
+    # strict JSON: a non-finite number is written as null; each file replaced atomically (a kill keeps the old one)
+    write_jsonl_atomic(output / "predictions.jsonl",
+                       (json.dumps(finite_json(r), default=str, allow_nan=False) for r in records))
     payload = {"metrics": metrics, **meta, "written": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (output / "metrics.json").write_text(json.dumps(finite_json(payload), indent=2, default=str, allow_nan=False) + "\n")
+    write_text_atomic(output / "metrics.json", json.dumps(finite_json(payload), indent=2, default=str, allow_nan=False)
+                      + "\n")
