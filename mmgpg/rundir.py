@@ -2,6 +2,7 @@
 
 Layout of a run directory (``output_dir``)::
 
+    .lock                      # held by the run writing here (mmgpg.runlock): who, since when
     config.yaml                # the resolved config with a header saying how it was made (written once)
     config_changes.jsonl       # resumes that changed the config (train.resume_config=new)
     metrics.jsonl              # one record per step (train and sft: mmgpg.train.runlog.RunLog)

@@ -1,5 +1,7 @@
 """Continuing a run without losing or rewriting its history.
 
+* :func:`lock_run` — one run per run directory: a second run on the same ``output_dir`` is refused (it would
+  interleave the logs), naming the one that holds it.
 * :func:`truncate_logs` — on resume, the records after the checkpoint's step are removed from ``metrics.jsonl`` and
   ``prompt_success.jsonl`` by an atomic rewrite (temp file + rename: a kill leaves the old file or the new one, never
   an empty one); a torn last line is dropped with a warning.
@@ -177,6 +179,25 @@ def check_config(cfg, checkpoint: Path, run_dir: Path, *, record: bool, command:
     if record:
         record_changes(run_dir, checkpoint, {**control, **other}, "train.resume_config=new" if other else "run control")
     return bool(other)
+
+
+def lock_run(run_dir: Path, command: str, is_main: bool):
+    """Lock the run directory for this run (:func:`mmgpg.runlock.lock_run_dir`) before anything in it is read or
+    written: rank 0 takes the lock, every rank learns the outcome (a refusal raises on every rank, so no rank waits in
+    a collective for one that stopped). Returns the lock on rank 0, None on the others."""
+    from mmgpg import distributed
+    from mmgpg.runlock import RunDirLocked, lock_run_dir
+
+    lock, refused = None, None
+    if is_main:
+        try:
+            lock = lock_run_dir(run_dir, command)
+        except RunDirLocked as err:
+            refused = str(err)
+    refused = distributed.broadcast_object(refused)
+    if refused is not None:
+        raise RunDirLocked(refused)
+    return lock
 
 
 def start_or_resume(run_dir: Path, resume_requested: bool, is_main: bool = True) -> Path | None:

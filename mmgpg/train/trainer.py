@@ -84,6 +84,7 @@ class Trainer:
 
         name = run_dir if run_dir is not None else run_dir_path(cfg.output_dir, "train")
         self.run_dir = Path(distributed.broadcast_object(str(name)))
+        self.lock = resume.lock_run(self.run_dir, "train", self.dist.is_main)  # released at the end of train()
         checkpoint = resume.start_or_resume(self.run_dir, cfg.train.resume, is_main=self.dist.is_main)
         self.state = StepState()
 
@@ -466,4 +467,6 @@ class Trainer:
         finally:
             self.runlog.close()
             self.stopper.__exit__()
+            if self.lock is not None:
+                self.lock.release()
         return self.run_dir
