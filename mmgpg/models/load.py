@@ -158,9 +158,35 @@ def load_policy(
         with torch.device("meta"):
             model = no_remote_code(AutoModelForImageTextToText.from_config, config, **kwargs)
     else:
-        model = no_remote_code(AutoModelForImageTextToText.from_pretrained, path, **kwargs).to(device)
+        model, loaded = no_remote_code(AutoModelForImageTextToText.from_pretrained, path, output_loading_info=True,
+                                       **kwargs)
+        check_loaded(name_or_path, loaded)
+        model = model.to(device)
     processor = no_remote_code(AutoProcessor.from_pretrained, path)
     return QwenVLPolicy(model, processor, min_pixels=min_pixels, max_pixels=max_pixels, max_prompt_length=max_prompt_length)
+
+
+def check_loaded(name: str, loaded: dict) -> None:
+    """Refuse weights that do not fill the model exactly (``from_pretrained(..., output_loading_info=True)``'s
+    report): a parameter missing from the files would stay randomly initialised, and a tensor of the files that no
+    parameter takes (a renamed one) would be dropped. Either means the folder was edited or damaged."""
+    missing, unexpected = sorted(loaded.get("missing_keys") or ()), sorted(loaded.get("unexpected_keys") or ())
+    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in loaded.get("mismatched_keys") or ())
+    errors = [str(e) for e in loaded.get("error_msgs") or ()]
+    if not (missing or unexpected or mismatched or errors):
+        return
+
+    def some(keys: list[str]) -> str:
+        return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+    parts = ([f"{len(missing)} parameter(s) missing from its weights ({some(missing)})"] if missing else []) \
+        + ([f"{len(unexpected)} tensor(s) unexpected, no parameter has their name ({some(unexpected)})"]
+           if unexpected else []) \
+        + ([f"{len(mismatched)} of another shape ({some(mismatched)})"] if mismatched else []) + errors[:2]
+    raise ValueError(f"model {name!r}: its weights do not match its config.json: " + "; ".join(parts) + ". Loading "
+                     "it would leave those parameters randomly initialised, so mmgpg refuses it: the folder was edited "
+                     "or damaged. Restore it from where it came from; a damaged checkpoint can be moved out of "
+                     "checkpoints/ to resume from the one before it.")
 
 
 def load_policy_for(model_cfg, device: torch.device | str, *, source: str | None = None,
