@@ -59,6 +59,8 @@ class SFTTrainer:
         self.run_dir = Path(run_dir) if run_dir else run_dir_path(cfg.output_dir, "sft")
         self.lock = resume.lock_run(self.run_dir, "sft", is_main=True)  # released at the end of train()
         checkpoint = resume.start_or_resume(self.run_dir, cfg.train.resume)
+        if checkpoint is not None:  # a config the checkpoint cannot continue with is refused before loading anything
+            resume.check_config(cfg, checkpoint, self.run_dir, record=False, command="sft")
         self.step = 0
         seed_everything(cfg.seed)
         self.policy = load_for_training(cfg.model, self.backend.device, self.backend.weights_dtype(cfg.model.dtype),
