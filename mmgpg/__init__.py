@@ -2,8 +2,8 @@
 
 The package, bottom layer first (each folder's ``__init__`` says what it owns and may import; tests/meta/
 test_structure.py checks that no folder imports one above it): the top-level modules (``algorithms``, ``distributed``,
-``jsonl``, ``registry``, ``typed``, ``utils``) < ``models/``, ``task/`` < ``rollout/``, ``backends/`` < ``config/`` <
-``rundir`` < ``evaluation/`` < ``theory/`` < ``train/`` < ``cli/``. This ``__init__`` imports nothing (the vLLM
+``jsonl``, ``registry``, ``runlock``, ``typed``, ``utils``) < ``models/``, ``task/`` < ``rollout/``, ``backends/`` <
+``config/`` < ``rundir`` < ``evaluation/`` < ``theory/`` < ``train/`` < ``cli/``. This ``__init__`` imports nothing (the vLLM
 environment imports parts of mmgpg without its dependencies).
 """
 

@@ -1,4 +1,5 @@
-"""The one JSON Lines reader and the one atomic JSON Lines rewrite of mmgpg (trainer logs, plots, eval files, data).
+"""The one JSON Lines reader of mmgpg (trainer logs, plots, eval files, data) and the one atomic writer, through which
+every file mmgpg replaces is written (:func:`atomic_writer`: the old file or the new one, never a truncated one).
 
 Every error names the file and the line. A last line that does not parse and has no newline is what a kill or a full
 disk leaves behind during an append (a *torn* line); :func:`read_jsonl` drops it with a warning when asked to
@@ -8,14 +9,18 @@ or, with ``on_error="skip"``, a counted skip returned with its line number and r
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import math
 import os
+import socket
 import sys
 import tempfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
 class JsonlError(ValueError):
@@ -85,21 +90,76 @@ def read_jsonl(path: str | Path, *, torn_tail: str = "error", on_error: str = "e
     return out
 
 
-def write_jsonl_atomic(path: str | Path, rows: list[Any] | list[str]) -> None:
-    """Replace ``path`` with ``rows`` (dicts, or already-serialised lines) so that a kill at any moment leaves either
-    the old file or the new one: write a temporary file beside it, fsync, rename over it."""
+@contextlib.contextmanager
+def atomic_writer(path: str | Path, mode: str = "w") -> Iterator[IO]:
+    """The one way mmgpg replaces a file: ``with atomic_writer(path) as f: f.write(...)`` writes a temporary file
+    beside ``path``, fsyncs it and renames it over ``path`` only when the block ends without an error, so a kill, a
+    full disk or an exception at any moment leaves the old file or the new one, never a truncated one. ``mode``:
+    ``"w"`` (UTF-8 text) or ``"wb"``. The new file keeps the old one's permissions (or the umask's for a new file).
+    A temporary file left by a writer that was killed (its process is gone) is removed."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _remove_dead_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_OWNER}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    try:  # the rename itself survives a power loss once the directory is synced
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (UTF-8) through :func:`atomic_writer`."""
+    with atomic_writer(path) as f:
+        f.write(text)
+
+
+def write_jsonl_atomic(path: str | Path, rows: Iterable[Any]) -> None:
+    """Replace ``path`` with ``rows`` (dicts, or already-serialised lines), one a line, through
+    :func:`atomic_writer`."""
+    with atomic_writer(path) as f:
+        for row in rows:
+            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+
+
+_OWNER = f"{socket.gethostname()}-{os.getpid()}"  # in temporary names: which process may still be writing one
+
+
+def _remove_dead_temporaries(path: Path) -> None:
+    """Temporary files of ``path`` whose writer (on this host) no longer runs: a rewrite killed before its rename."""
+    host = socket.gethostname()
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.{glob.escape(host)}-*.tmp"):
+        pid = stale.name[len(f".{path.name}.{host}-"):].partition(".")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            stale.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def finite_json(value: Any) -> Any:

@@ -2,6 +2,7 @@
 
 Layout of a run directory (``output_dir``)::
 
+    .lock                      # held by the run writing here (mmgpg.runlock): who, since when
     config.yaml                # the resolved config with a header saying how it was made (written once)
     config_changes.jsonl       # resumes that changed the config (train.resume_config=new)
     metrics.jsonl              # one record per step (train and sft: mmgpg.train.runlog.RunLog)
@@ -66,12 +67,19 @@ def read_config_tree(path: str | Path) -> dict | None:
     return tree if isinstance(tree, dict) else None
 
 
-def read_config(path: str | Path, *, overrides: list[str] = (), lenient: bool = False):
+def read_config(path: str | Path, *, overrides: list[str] = (), lenient: bool = False, use_task: bool = True):
     """A run's ``config.yaml`` (or the run directory holding it) → ``(Config, ignored keys)``, validated, with
     ``a.b=value`` field overrides applied (a group such as ``task=...`` cannot be swapped under a finished run).
     ``lenient``: keys this mmgpg version does not have (a run made by an older version) are ignored and named
-    instead of being an error. Every other problem is one :class:`mmgpg.config.ConfigError`."""
+    instead of being an error. Every other problem is one :class:`mmgpg.config.ConfigError`.
+
+    The run's task, when it is a task *file* (``path.py:Class``), is code named by a file that may come from someone
+    else: it is never imported on the run's word. ``use_task`` (the caller runs the task): the user must name it
+    in ``overrides`` (``task=path.py:Class``, the run's own file and class), else the read is refused with the
+    argument to add. ``use_task=False`` (the caller only reads the run): the task is not looked up at all. An
+    installed task (a ``mmgpg.tasks`` entry point) is the user's own code and is checked as usual."""
     from mmgpg.config import Config, ConfigError, Problem, apply_override, check, from_dict
+    from mmgpg.task import is_task_file, same_task
 
     path = Path(path)
     if path.is_dir():
@@ -80,8 +88,12 @@ def read_config(path: str | Path, *, overrides: list[str] = (), lenient: bool = 
         raise FileNotFoundError(f"{path} does not exist: give a run directory written by mmgpg train")
     tree = read_config_tree(path) or {}
     problems: list = []
+    named = None  # task=... on the command line: the user naming the run's task
     for arg in overrides:
         key, sep, raw = arg.partition("=")
+        if key == "task" and sep:
+            named = raw
+            continue
         if not sep or "." not in key:
             problems.append(Problem(arg, arg, "Under a run directory only field overrides a.b=value apply.",
                                     "write e.g. rollout.temperature=1.0 (the run's task and model are kept)."))
@@ -89,7 +101,19 @@ def read_config(path: str | Path, *, overrides: list[str] = (), lenient: bool = 
         apply_override(tree, key, raw)
     cfg = from_dict(Config, tree, problems)
     ignored = [p.key for p in problems if lenient and "has no field" in p.why]
-    problems = [p for p in problems if p.key not in ignored] + check(cfg)
+    task = cfg.task.name
+    check_task = True
+    if named is not None and not same_task(named, task):
+        problems.append(Problem("task", named, f"It is not this run's task ({task}, in {path}); a finished run's task "
+                                "cannot be swapped.", f"give task={task} (the run's own), or leave task= out."))
+        check_task = False
+    elif is_task_file(task) and named is None:
+        check_task = False
+        if use_task:
+            problems.append(Problem("task.name", task, f"{path} names a task file. mmgpg does not import code named "
+                                    "by a run directory (it may come from someone else).",
+                                    f"read that file; to run it, name it yourself: add task={task} to the command."))
+    problems = [p for p in problems if p.key not in ignored] + check(cfg, task=check_task)
     if problems:
         raise ConfigError(problems)
     return cfg, ignored
@@ -280,34 +304,55 @@ def _read_marker(checkpoint: Path) -> dict[str, int]:
     return meta
 
 
-def _safe_load(path: Path, mmap: bool = False) -> Any:
-    """``torch.load(weights_only=True)``: tensors and plain data only; a file that needs more is refused.
-    ``mmap``: map the tensors instead of reading them (a cheap check of a large optimizer state)."""
-    import torch
+def _safe_load(path: Path, mmap: bool = False, **kwargs) -> Any:
+    """:func:`mmgpg.utils.safe_load` (imported here only when used: reading a run's logs must not import torch)."""
+    from mmgpg.utils import safe_load
 
-    if not path.is_file():
-        raise CheckpointError(f"{path.name} is missing")
+    return safe_load(path, mmap=mmap, **kwargs)
+
+
+def verify_engine_dir(engine: Path) -> None:
+    """DeepSpeed's ``engine/``: it holds model states, and every file in it (but DeepSpeed's two conversion scripts)
+    loads with ``weights_only=True`` and :data:`mmgpg.backends.deepspeed.ENGINE_SAFE_GLOBALS`. Without DeepSpeed installed (a checkpoint read
+    for evaluation elsewhere) the pickles' globals are listed instead of loaded: still nothing is unpickled."""
+    if not engine.is_dir():
+        raise CheckpointError("engine/ (DeepSpeed's optimizer state) is missing")
+    from mmgpg.backends.deepspeed import ENGINE_SAFE_GLOBALS, ENGINE_SCRIPTS, engine_safe_globals
+
+    files = sorted(p for p in engine.rglob("*")
+                   if p.is_file() and not (p.parent == engine and p.name in ENGINE_SCRIPTS))
+    if not any(p.name.endswith("model_states.pt") for p in files):
+        raise CheckpointError("engine/ holds no DeepSpeed model states (*model_states.pt)")
     try:
-        return torch.load(path, weights_only=True, map_location="cpu", mmap=mmap)
-    except Exception as err:  # noqa: BLE001 - torch raises many types for bad files; each becomes one message
-        text = str(err)
-        if "Weights only load failed" in text or "Unsupported global" in text:
-            raise CheckpointError(f"{path.name} holds Python objects other than tensors and plain data; mmgpg does "
-                                  "not unpickle those (they can run code). It was written by an older mmgpg or "
-                                  "tampered with") from None
-        first = text.splitlines()[0][:200] if text.strip() else "empty or truncated file"
-        raise CheckpointError(f"{path.name} is unreadable ({type(err).__name__}: {first})") from None
+        allow = engine_safe_globals()
+    except ImportError:
+        allow = None
+    for path in files:
+        label = f"engine/{path.relative_to(engine)}"
+        if allow is not None:
+            _safe_load(path, mmap=True, allow=allow, label=label)
+            continue
+        import torch
+
+        try:
+            unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - set(ENGINE_SAFE_GLOBALS)
+        except Exception as err:  # noqa: BLE001 - not a torch zip file, truncated, ...
+            raise CheckpointError(f"{label} is unreadable ({type(err).__name__}: {str(err)[:200]})") from None
+        if unsafe:
+            raise CheckpointError(f"{label} holds Python objects other than tensors and plain data "
+                                  f"({', '.join(sorted(unsafe))}); mmgpg does not unpickle those (they can run code)")
 
 
 def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
-    """Check ``checkpoint`` without loading the model: the marker, every rank's RNG file and the trainer state load
-    (safely), and ``policy/`` has a readable ``config.json`` and intact safetensors headers. Returns the marker."""
+    """Check ``checkpoint`` without loading the model: the marker, every rank's RNG file, the trainer state and
+    DeepSpeed's ``engine/`` files load (safely), and ``policy/`` has a readable ``config.json`` and intact safetensors
+    headers. Returns the marker."""
     meta = _read_marker(checkpoint)
     state = _safe_load(checkpoint / "trainer_state.pt", mmap=True)
     if not isinstance(state, dict) or not {"optimizer", "scheduler", "stream", "counters"} <= set(state):
         raise CheckpointError("trainer_state.pt lacks the optimizer, scheduler, stream or counters")
-    if "deepspeed" in state and not (checkpoint / "engine").is_dir():
-        raise CheckpointError("engine/ (DeepSpeed's optimizer state) is missing")
+    if "deepspeed" in state or (checkpoint / "engine").exists():  # train.backend=deepspeed
+        verify_engine_dir(checkpoint / "engine")
     for rank in range(meta["world_size"]):
         rng = _safe_load(checkpoint / f"rng_rank{rank}.pt")
         if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):

@@ -1,12 +1,16 @@
-"""Small run plumbing: seeding, graceful stops on SIGTERM/Ctrl-C, the console, measured peak memory per phase."""
+"""Small run plumbing: seeding, graceful stops on SIGTERM/Ctrl-C, the console, the safe ``torch.load``, measured
+peak memory per phase."""
 
 from __future__ import annotations
 
 import contextlib
 import random
+import re
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -131,3 +135,33 @@ class PeakMemory:
             if self.cuda:
                 self.last[f"memory/{name}_cuda_allocated_mib"] = allocated / mib
                 self.last[f"memory/{name}_cuda_reserved_mib"] = reserved / mib
+
+
+def safe_load(path: Path, mmap: bool = False, allow: list | tuple = (), label: str | None = None,
+               map_location: Any = "cpu") -> Any:
+    """``torch.load(weights_only=True)``: tensors and plain data only; a file that needs more is refused.
+    ``mmap``: map the tensors instead of reading them (a cheap check of a large optimizer state). ``allow``: classes
+    besides plain data that may be rebuilt (:data:`mmgpg.backends.deepspeed.ENGINE_SAFE_GLOBALS` for DeepSpeed's
+    files); ``label``: the file's name in messages (default its file name); ``map_location`` as torch.load's."""
+    from mmgpg.typed import CheckpointError
+
+    label = label or path.name
+    if not path.is_file():
+        raise CheckpointError(f"{label} is missing")
+    try:
+        with torch.serialization.safe_globals(list(allow)):
+            try:
+                return torch.load(path, weights_only=True, map_location=map_location, mmap=mmap)
+            except RuntimeError as err:
+                if mmap and "mmap can only be used with files saved with" in str(err):  # the legacy format
+                    return torch.load(path, weights_only=True, map_location=map_location)
+                raise
+    except Exception as err:  # noqa: BLE001 - torch raises many types for bad files; each becomes one message
+        text = str(err)
+        if "Weights only load failed" in text or "Unsupported global" in text:
+            found = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+            raise CheckpointError(f"{label} holds Python objects other than tensors and plain data"
+                                  + (f" ({found.group(1)})" if found else "") + "; mmgpg does not unpickle those "
+                                  "(they can run code). It was written by an older mmgpg or tampered with") from None
+        first = text.splitlines()[0][:200] if text.strip() else "empty or truncated file"
+        raise CheckpointError(f"{label} is unreadable ({type(err).__name__}: {first})") from None

@@ -228,9 +228,17 @@ class DeepSpeedBackend:
             self.engine.save_checkpoint(str(directory), tag="state", save_latest=False)
 
     def load_engine_state(self, directory: Path) -> None:
-        with _quiet():
-            path, _ = self.engine.load_checkpoint(str(directory), tag="state", load_module_strict=True,
-                                                  load_optimizer_states=True, load_lr_scheduler_states=False)
+        """DeepSpeed's ``load_checkpoint``, with its file loader (``torch.load(weights_only=False)``: a crafted file
+        would run code) replaced for the call by :func:`load_engine_file` (``weights_only=True``, only
+        the few DeepSpeed types its state holds). The checkpoint was verified the same way before it was chosen."""
+        files = self.engine.checkpoint_engine
+        files.load = load_engine_file  # an instance attribute over the class's method, removed again below
+        try:
+            with _quiet():
+                path, _ = self.engine.load_checkpoint(str(directory), tag="state", load_module_strict=True,
+                                                      load_optimizer_states=True, load_lr_scheduler_states=False)
+        finally:
+            del files.load
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed engine state in {directory}")
 
@@ -256,6 +264,40 @@ class DeepSpeedBackend:
                 f"(torchrun --nproc_per_node ... totalling {world}) and train.zero_stage={stage}, or start a new run "
                 "from the checkpoint's policy/ (model.name_or_path=<checkpoint>/policy; the optimizer starts afresh)")
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+# DeepSpeed's own state files (engine/): read by mmgpg's verification and by DeepSpeed's load through one loader.
+ENGINE_SAFE_GLOBALS = ("deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.zero.config.ZeroStageEnum",
+                       "deepspeed.utils.tensor_fragment.fragment_address")
+"""The only types besides tensors and plain data that DeepSpeed's state files hold (ZeRO 0-3 with mmgpg's settings,
+DeepSpeed 0.19): the ZeRO optimizer's static loss scaler (scale 1; mmgpg refuses fp16), the ZeRO-stage enum and a
+parameter fragment's ``(numel, start)`` address. Unpickling them only rebuilds those objects from plain data (the enum
+by looking its value up; the two classes have no ``__setstate__``, so their attributes are set as data); every other
+global is refused, with its name in the message."""
+ENGINE_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")  # DeepSpeed copies its conversion scripts beside the state;
+# nothing loads or runs them (they are for a user converting the state by hand)
+
+
+def engine_safe_globals() -> list:
+    """The classes of :data:`ENGINE_SAFE_GLOBALS` (imports DeepSpeed; ImportError when it is not installed)."""
+    import importlib
+
+    out = []
+    for name in ENGINE_SAFE_GLOBALS:
+        module, _, attr = name.rpartition(".")
+        out.append(getattr(importlib.import_module(module), attr))
+    return out
+
+
+def load_engine_file(path: str | Path, map_location: Any = None) -> Any:
+    """One of DeepSpeed's state files, loaded with ``weights_only=True`` and only :data:`ENGINE_SAFE_GLOBALS` allowed:
+    the loader :meth:`DeepSpeedBackend.load_engine_state` gives DeepSpeed in place of its own ``weights_only=False``
+    one."""
+    from mmgpg.utils import safe_load
+
+    path = Path(path)
+    return safe_load(path, allow=engine_safe_globals(), label=f"engine/{path.parent.name}/{path.name}",
+                      map_location=map_location)
 
 
 def _init_single_process_group(backend: str) -> None:

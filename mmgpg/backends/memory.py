@@ -70,14 +70,13 @@ def model_shape(path: str, lora=None) -> ModelShape:
     """Read ``config.json`` of a model directory (or hub id, when the hub is reachable) and count parameters on the
     meta device; with ``lora`` (a :class:`mmgpg.config.LoraConfig` of rank > 0) also what it trains."""
     import torch
-    from transformers import AutoConfig
 
-    from mmgpg.models.load import auto_model_class, resolve_model_path
+    from mmgpg.models.load import auto_model_class, no_remote_code, read_model_config, resolve_model_path
     from mmgpg.models.tiny import count_parameters
 
     path = resolve_model_path(path)
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = read_model_config(path)
     except OSError as err:
         raise ValueError(
             f"could not read the config of model {path!r} ({str(err).splitlines()[0]}). The planner needs only its "
@@ -86,7 +85,7 @@ def model_shape(path: str, lora=None) -> ModelShape:
         ) from None
     auto = auto_model_class(config.model_type, repr(path))  # an unsupported model_type is a clear error here
     with torch.device("meta"):
-        model = auto.from_config(config)
+        model = no_remote_code(auto.from_config, config)
     counts = count_parameters(model)
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     text, vision = config.get_text_config(), getattr(config, "vision_config", None)

@@ -57,9 +57,9 @@ def cmd_model_tiny(args) -> int:
         return 0
     t0 = time.perf_counter()
     out = build_and_save(args.out, family=args.family, size=args.size, seed=args.seed, dtype=args.dtype)
-    from mmgpg.models.load import auto_model_class
+    from mmgpg.models.load import auto_model_class, no_remote_code
 
-    model = auto_model_class(args.family).from_pretrained(out)  # what loading will use: it must read the folder
+    model = no_remote_code(auto_model_class(args.family).from_pretrained, out)  # what loading will use: it must read the folder
     counts = count_parameters(model)
     split = (f"{counts['vision']:,} vision, {counts['language']:,} language" if counts["vision"]
              else "text-only")
@@ -70,16 +70,23 @@ def cmd_model_tiny(args) -> int:
 
 def cmd_model_info(args) -> int:
     import torch
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import GenerationConfig
 
-    from mmgpg.models.load import auto_model_class, check_model_source, policy_class, resolve_model_path
+    from mmgpg.models.load import (
+        auto_model_class,
+        check_model_source,
+        no_remote_code,
+        policy_class,
+        read_model_config,
+        resolve_model_path,
+    )
     from mmgpg.models.tiny import count_parameters
 
     path = resolve_model_path(args.model)
     check_model_source(path)
-    config = AutoConfig.from_pretrained(path)
+    config = read_model_config(path)
     with torch.device("meta"):
-        model = auto_model_class(config.model_type, repr(args.model)).from_config(config)
+        model = no_remote_code(auto_model_class(config.model_type, repr(args.model)).from_config, config)
     counts = count_parameters(model)
     text, vision = config.get_text_config(), getattr(config, "vision_config", None)
     try:

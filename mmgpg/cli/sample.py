@@ -27,6 +27,7 @@ def cmd_sample(args) -> int:
     from rich.table import Table
 
     from mmgpg.config import save_config
+    from mmgpg.jsonl import write_jsonl_atomic
     from mmgpg.models.load import load_policy_for, resolve_device
     from mmgpg.rollout import Sampling, build_engine
     from mmgpg.rollout.collect import collate_groups, group_logprobs, sample_groups
@@ -75,9 +76,7 @@ def cmd_sample(args) -> int:
                 "logprob_sum": float(logprobs[row].sum()), "rewards": scores,
                 "success": None if g.success is None else g.success[j],
             })
-    with open(run_dir / "samples.jsonl", "w") as f:
-        for rec in records:
-            f.write(json.dumps(rec, default=str) + "\n")
+    write_jsonl_atomic(run_dir / "samples.jsonl", (json.dumps(rec, default=str) for rec in records))
 
     table = Table(title=f"{len(examples)} prompts x {r.group_size} completions ({args.show} shown per prompt)")
     for col in ("prompt", "gold", "completion", "tokens", "sum log p", *task.rewards):

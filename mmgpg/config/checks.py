@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from mmgpg.config import Config, TaskConfig
 
 
-def check(cfg: Config) -> list[Problem]:
-    """Every problem with the values of a well-typed config (ranges, relations, the task and its options)."""
+def check(cfg: Config, *, task: bool = True) -> list[Problem]:
+    """Every problem with the values of a well-typed config (ranges, relations, the task and its options).
+    ``task=False``: the task is not looked up (not imported), for readers of a run that do not use it."""
     p: list[Problem] = []
     m, r = cfg.model, cfg.rollout
     if m.min_pixels < 1:
@@ -97,7 +98,8 @@ def check(cfg: Config) -> list[Problem]:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", cfg.device):
         p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
     p += deepspeed_config.check(t)
-    p += _check_task(cfg.task)
+    if task:
+        p += _check_task(cfg.task)
     p += check_lora(cfg)
     if cfg.model.lora.rank > 0 and t.backend != "plain":
         p.append(Problem("train.backend", t.backend, "LoRA runs on the plain backend only: LoRA under DeepSpeed (the "

@@ -27,6 +27,7 @@ import yaml
 
 from mmgpg.config.checks import check
 from mmgpg.config.schema import Config, TaskConfig
+from mmgpg.jsonl import write_text_atomic
 from mmgpg.task import TaskNotFound, find_task_class
 from mmgpg.typed import ConfigError, Problem, did_you_mean, field_docs, from_dict, open_field, to_dict
 
@@ -246,7 +247,7 @@ def save_config(resolved: Resolved, run_dir: str | Path, command: str) -> Path:
     if resolved.overrides:
         header.append("# overrides: " + " ".join(resolved.overrides))
     path = run_dir / "config.yaml"
-    path.write_text("\n".join(header) + "\n" + to_yaml(resolved.config))
+    write_text_atomic(path, "\n".join(header) + "\n" + to_yaml(resolved.config))
     return path
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mmgpg.evaluation.run import EvalReport, judge_output, judged_metrics, parse_failures
-from mmgpg.jsonl import finite_json, read_jsonl
+from mmgpg.jsonl import finite_json, read_jsonl, write_jsonl_atomic, write_text_atomic
 from mmgpg.task import Task
 
 
@@ -121,11 +121,12 @@ def write_evaluation(output: str | Path, metrics: dict[str, float], records: lis
     """``predictions.jsonl`` (one object per sample) and ``metrics.json`` (metrics + how they were made)."""
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    with open(output / "predictions.jsonl", "w") as f:
-        for r in records:  # strict JSON: a non-finite number is written as null
-            f.write(json.dumps(finite_json(r), default=str, allow_nan=False) + "\n")
+    # strict JSON: a non-finite number is written as null; each file replaced atomically (a kill keeps the old one)
+    write_jsonl_atomic(output / "predictions.jsonl",
+                       (json.dumps(finite_json(r), default=str, allow_nan=False) for r in records))
     payload = {"metrics": metrics, **meta, "written": time.strftime("%Y-%m-%d %H:%M:%S")}
-    (output / "metrics.json").write_text(json.dumps(finite_json(payload), indent=2, default=str, allow_nan=False) + "\n")
+    write_text_atomic(output / "metrics.json", json.dumps(finite_json(payload), indent=2, default=str, allow_nan=False)
+                      + "\n")
 
 
 def write_report(output: str | Path, report: EvalReport, config: dict[str, Any]) -> None:

@@ -1,5 +1,8 @@
 """Loading a policy: hub ids, local directories and the offline ``tiny`` models (built once, cached), dtypes and
-the default device. The one place ``from_pretrained`` is called for the policy (never ``trust_remote_code``)."""
+the default device. The one place ``from_pretrained`` is called for the policy. A model folder's own code never runs:
+every ``from_pretrained`` passes ``trust_remote_code=False`` (:func:`no_remote_code`), so a folder whose
+``config.json`` maps the Auto classes to its own Python files (``auto_map``) is refused with a message instead of
+transformers asking on stdin whether to run it."""
 
 from __future__ import annotations
 
@@ -74,6 +77,31 @@ def auto_model_class(model_type: str | None, what: str = "this"):
     return getattr(transformers, policy_class(model_type, what).auto_model)
 
 
+class RemoteCodeRefused(ValueError):
+    """A model folder (or hub repository) that can only be loaded by running its own Python code."""
+
+
+def no_remote_code(load, source: str, *args, **kwargs):
+    """``load(source, *args, trust_remote_code=False, **kwargs)`` (a ``from_pretrained`` or ``from_config``): a model
+    that needs its own code is :class:`RemoteCodeRefused`, never a prompt and never run."""
+    try:
+        return load(source, *args, trust_remote_code=False, **kwargs)
+    except ValueError as err:
+        if "custom code" not in str(err) and "trust_remote_code" not in str(err):
+            raise
+        raise RemoteCodeRefused(
+            f"model {str(source)!r} runs code of its own to load (its config.json maps transformers' Auto classes to "
+            "Python files of the model folder: auto_map). mmgpg never runs a model folder's code. Use a Qwen2-VL or "
+            "Qwen2.5-VL model that transformers supports itself.") from None
+
+
+def read_model_config(path: str):
+    """``AutoConfig.from_pretrained(path)`` without a model's own code (:func:`no_remote_code`)."""
+    from transformers import AutoConfig
+
+    return no_remote_code(AutoConfig.from_pretrained, path)
+
+
 def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
     """``auto`` is bfloat16 on a GPU that supports it and float32 otherwise."""
     if name == "auto":
@@ -121,12 +149,13 @@ def load_policy(
     images only.
     """
     import transformers
-    from transformers import AutoConfig
 
     path = resolve_model_path(name_or_path)
     local = check_model_source(path)
     try:
-        config = AutoConfig.from_pretrained(path)
+        config = read_model_config(path)
+    except RemoteCodeRefused:
+        raise
     except (OSError, ValueError) as err:
         if local:
             raise ValueError(f"model directory {path!r}: its config.json cannot be used ({str(err)[:300]})") from None
@@ -142,12 +171,37 @@ def load_policy(
         kwargs["attn_implementation"] = attn_implementation
     if device.type == "meta":  # shapes only, no weights read (pre-flight checks: prompts and processor)
         with torch.device("meta"):
-            model = auto.from_config(config, **kwargs)
+            model = no_remote_code(auto.from_config, config, **kwargs)
     else:
-        model = auto.from_pretrained(path, **kwargs).to(device)
-    processor = getattr(transformers, cls.auto_processor).from_pretrained(path)
+        model, loaded = no_remote_code(auto.from_pretrained, path, output_loading_info=True, **kwargs)
+        check_loaded(name_or_path, loaded)
+        model = model.to(device)
+    processor = no_remote_code(getattr(transformers, cls.auto_processor).from_pretrained, path)
     options = dict(min_pixels=min_pixels, max_pixels=max_pixels) if cls.takes_images else {}
     return cls(model, processor, max_prompt_length=max_prompt_length, **options)
+
+
+def check_loaded(name: str, loaded: dict) -> None:
+    """Refuse weights that do not fill the model exactly (``from_pretrained(..., output_loading_info=True)``'s
+    report): a parameter missing from the files would stay randomly initialised, and a tensor of the files that no
+    parameter takes (a renamed one) would be dropped. Either means the folder was edited or damaged."""
+    missing, unexpected = sorted(loaded.get("missing_keys") or ()), sorted(loaded.get("unexpected_keys") or ())
+    mismatched = sorted(str(k[0] if isinstance(k, tuple) else k) for k in loaded.get("mismatched_keys") or ())
+    errors = [str(e) for e in loaded.get("error_msgs") or ()]
+    if not (missing or unexpected or mismatched or errors):
+        return
+
+    def some(keys: list[str]) -> str:
+        return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+    parts = ([f"{len(missing)} parameter(s) missing from its weights ({some(missing)})"] if missing else []) \
+        + ([f"{len(unexpected)} tensor(s) unexpected, no parameter has their name ({some(unexpected)})"]
+           if unexpected else []) \
+        + ([f"{len(mismatched)} of another shape ({some(mismatched)})"] if mismatched else []) + errors[:2]
+    raise ValueError(f"model {name!r}: its weights do not match its config.json: " + "; ".join(parts) + ". Loading "
+                     "it would leave those parameters randomly initialised, so mmgpg refuses it: the folder was edited "
+                     "or damaged. Restore it from where it came from; a damaged checkpoint can be moved out of "
+                     "checkpoints/ to resume from the one before it.")
 
 
 def load_policy_for(model_cfg, device: torch.device | str, *, source: str | None = None,

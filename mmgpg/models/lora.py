@@ -5,7 +5,7 @@ Hugging Face model (so every policy operation — generate, the chunked log-prob
 runs unchanged) and ``policy.peft`` holds the :class:`peft.PeftModel` that owns the adapter.
 
 * :func:`attach` — a fresh adapter (B = 0, so the adapted model starts exactly at the base model) or one saved by
-  :func:`save_adapter` (resume).
+  :func:`save_adapter` (resume), checked against ``model.lora`` first (:func:`load_adapter`).
 * :func:`adapter_disabled` — the base model without a second copy: GRPO's reference policy.
 * :func:`output_head` — the ``(weight, bias)`` the forward really uses for the logits, read through PEFT's wrappers
   (a trained ``lm_head`` copy in ``trainable_modules`` is a ``ModulesToSaveWrapper``; reading the wrong one silently
@@ -18,6 +18,7 @@ runs unchanged) and ``policy.peft`` holds the :class:`peft.PeftModel` that owns 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import warnings
 from collections.abc import Iterator
@@ -115,7 +116,8 @@ def resolve_trainable(model: torch.nn.Module, names: list[str]) -> list[str]:
 
 def attach(policy, lora_cfg, adapter_dir: str | Path | None = None) -> None:
     """Freeze ``policy.model`` and inject LoRA layers in place: a fresh adapter (A random, B = 0: the adapted model
-    equals the base model) or, with ``adapter_dir``, the adapter saved there (resume; ``is_trainable``)."""
+    equals the base model) or, with ``adapter_dir``, the adapter saved there (resume), which must match ``lora_cfg``
+    (:func:`load_adapter`): the adapter is always built from ``model.lora``, and the saved one only fills it."""
     if getattr(policy, "peft", None) is not None:
         raise ValueError("this policy already has a LoRA adapter")
     if (lora_cfg.vision or lora_cfg.merger) and policy.vision_tower is None:
@@ -125,34 +127,108 @@ def attach(policy, lora_cfg, adapter_dir: str | Path | None = None) -> None:
     model = policy.model
     with warnings.catch_warnings():  # PEFT asks transformers 5.2x a deprecated `is_gradient_checkpointing`
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        peft_model = _inject(model, lora_cfg, adapter_dir)
+        peft_model = _inject(model, lora_cfg)
     if peft_model.base_model.model is not model:  # the policy operations rely on in-place injection
         raise RuntimeError("PEFT did not inject the adapter in place")
+    if adapter_dir is not None:
+        load_adapter(peft_model, lora_cfg, Path(adapter_dir))
     policy.peft = peft_model
 
 
-def _inject(model, lora_cfg, adapter_dir):
-    from peft import LoraConfig, PeftModel, get_peft_model
+def _peft_config(model, lora_cfg):
+    """The PEFT ``LoraConfig`` of ``model.lora`` (the one place it is built)."""
+    from peft import LoraConfig
 
-    if adapter_dir is not None:
-        peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
-    else:
-        trainable = resolve_trainable(model, list(lora_cfg.trainable_modules))
-        if "lm_head" in [t.rsplit(".", 1)[-1] for t in trainable] and model.config.get_text_config().tie_word_embeddings:
-            raise ValueError("model.lora.trainable_modules: lm_head is tied to embed_tokens in this model "
-                             "(tie_word_embeddings); a separately trained head cannot be saved as this model. Train "
-                             "embed_tokens instead (it is the head too), or leave both frozen.")
-        config = LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
-                            target_modules=target_regex(lora_cfg), modules_to_save=trainable or None, bias="none")
-        try:
-            peft_model = get_peft_model(model, config)
-        except ValueError as err:
-            if "not found in the base model" in str(err) or "Target modules" in str(err):
-                raise ValueError(f"model.lora: no layer of {model.config.model_type} matches the targets "
-                                 f"{lora_cfg.target_modules} (vision={lora_cfg.vision}, merger={lora_cfg.merger}): "
-                                 f"{str(err)[:200]}") from None
-            raise
-    return peft_model
+    trainable = resolve_trainable(model, list(lora_cfg.trainable_modules))
+    if "lm_head" in [t.rsplit(".", 1)[-1] for t in trainable] and model.config.get_text_config().tie_word_embeddings:
+        raise ValueError("model.lora.trainable_modules: lm_head is tied to embed_tokens in this model "
+                         "(tie_word_embeddings); a separately trained head cannot be saved as this model. Train "
+                         "embed_tokens instead (it is the head too), or leave both frozen.")
+    return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+                      target_modules=target_regex(lora_cfg), modules_to_save=trainable or None, bias="none")
+
+
+def _inject(model, lora_cfg):
+    from peft import get_peft_model
+
+    try:
+        return get_peft_model(model, _peft_config(model, lora_cfg))
+    except ValueError as err:
+        if "not found in the base model" in str(err) or "Target modules" in str(err):
+            raise ValueError(f"model.lora: no layer of {model.config.model_type} matches the targets "
+                             f"{lora_cfg.target_modules} (vision={lora_cfg.vision}, merger={lora_cfg.merger}): "
+                             f"{str(err)[:200]}") from None
+        raise
+
+
+# adapter_config.json fields that change what a saved adapter computes -> the model.lora keys that set them (the
+# others are PEFT features mmgpg never turns on: they must keep PEFT's defaults). lora_dropout is not among them: it is
+# not part of the trained weights, and model.lora.dropout applies.
+_ADAPTER_FIELDS = {
+    "peft_type": "", "r": "model.lora.rank", "lora_alpha": "model.lora.alpha",
+    "target_modules": "model.lora.target_modules, model.lora.vision and model.lora.merger",
+    "modules_to_save": "model.lora.trainable_modules", "bias": "", "use_rslora": "", "use_dora": "", "lora_bias": "",
+    "rank_pattern": "", "alpha_pattern": "", "layers_to_transform": "", "layers_pattern": "", "fan_in_fan_out": "",
+    "exclude_modules": "", "layer_replication": "", "target_parameters": "", "trainable_token_indices": "",
+}
+
+
+def load_adapter(peft_model, lora_cfg, adapter_dir: Path) -> None:
+    """Fill the adapter that ``model.lora`` built with the one saved in ``adapter_dir``, after checking that they are
+    the same adapter: ``adapter_config.json`` agrees with ``model.lora`` (rank, alpha, targets, trained modules; PEFT
+    options mmgpg never sets at their defaults) and ``adapter_model.safetensors`` holds exactly the tensors, names and
+    shapes, that the adapter has. A mismatch is an error naming each difference: loading it anyway would train a
+    fresh adapter under the checkpoint's name (renamed tensors) or scale the trained one wrongly (a changed alpha)."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    where = f"{adapter_dir.parent.name}/{adapter_dir.name}" if adapter_dir.parent.name else adapter_dir.name
+    try:
+        saved = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+        if not isinstance(saved, dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{where}/adapter_config.json is unreadable ({err})") from None
+    wanted = peft_model.peft_config["default"].to_dict()
+    differences = []
+    for key, setting in _ADAPTER_FIELDS.items():
+        have, want = _plain(saved.get(key, wanted.get(key))), _plain(wanted.get(key))
+        if have != want:
+            differences.append(f"{key} is {have!r} in the adapter, {want!r} from "
+                               + (setting if setting else "mmgpg (which never changes it)"))
+    weights = load_file(adapter_dir / "adapter_model.safetensors")
+    expected = get_peft_model_state_dict(peft_model, save_embedding_layers=False)
+    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    if missing:
+        differences.append(f"{len(missing)} adapter tensor(s) missing from adapter_model.safetensors ({_some(missing)})")
+    if unexpected:
+        differences.append(f"{len(unexpected)} tensor(s) in adapter_model.safetensors that the adapter does not have "
+                           f"({_some(unexpected)})")
+    shapes = [f"{k} {tuple(weights[k].shape)} vs {tuple(expected[k].shape)}" for k in sorted(set(weights) & set(expected))
+              if weights[k].shape != expected[k].shape]
+    if shapes:
+        differences.append(f"{len(shapes)} tensor(s) of another shape ({_some(shapes)})")
+    if differences:
+        raise ValueError(f"{where} does not match model.lora, so it is not the adapter this configuration trains: "
+                         + "; ".join(differences) + ". Resume with the model.lora settings the checkpoint was trained "
+                         "with (its config.yaml); if the adapter itself was edited or damaged, restore it, or move "
+                         "the checkpoint out of checkpoints/ to resume from the one before it.")
+    result = set_peft_model_state_dict(peft_model, weights)
+    if getattr(result, "unexpected_keys", None):
+        raise RuntimeError(f"PEFT did not place adapter tensors {_some(sorted(result.unexpected_keys))}")
+
+
+def _plain(value: Any) -> Any:
+    """adapter_config.json values compared as JSON reads them (sets and tuples as sorted lists)."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _some(items: list[str]) -> str:
+    return ", ".join(items[:3]) + (f" and {len(items) - 3} more" if len(items) > 3 else "")
 
 
 def is_lora(policy) -> bool:

@@ -87,7 +87,7 @@ class VLLMCore:
             model=s.model, dtype=s.dtype, max_model_len=s.max_model_len, seed=s.seed,
             limit_mm_per_prompt={"image": s.max_images, "video": 0},
             mm_processor_kwargs={"min_pixels": s.min_pixels, "max_pixels": s.max_pixels},
-            generation_config="vllm", logprobs_mode="processed_logprobs",
+            generation_config="vllm", logprobs_mode="processed_logprobs", trust_remote_code=False,
             tensor_parallel_size=s.tensor_parallel_size, max_num_seqs=s.max_num_seqs)
         if self.on_cpu:
             kwargs.update(enforce_eager=True, enable_chunked_prefill=False,

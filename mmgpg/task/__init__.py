@@ -151,6 +151,26 @@ def registered_tasks() -> dict[str, Any]:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def is_task_file(name: str) -> bool:
+    """Whether a task name is a ``path/to/file.py:ClassName`` reference (else the name of an installed task).
+
+    >>> is_task_file("my_tasks/geo.py:Geo"), is_task_file("shapes")
+    (True, False)
+    """
+    return ":" in name and name.rpartition(":")[0].endswith(".py")
+
+
+def same_task(a: str, b: str) -> bool:
+    """Whether two task names name the same task: one installed name, or one file (paths resolved from the current
+    directory) and class."""
+    if is_task_file(a) != is_task_file(b):
+        return False
+    if not is_task_file(a):
+        return a == b
+    (fa, _, ca), (fb, _, cb) = a.rpartition(":"), b.rpartition(":")
+    return ca == cb and Path(fa).expanduser().resolve() == Path(fb).expanduser().resolve()
+
+
 def _load_file_class(ref: str) -> type:
     path_text, _, cls_name = ref.rpartition(":")
     path = Path(path_text).expanduser()
@@ -179,7 +199,7 @@ def _load_file_class(ref: str) -> type:
 
 def find_task_class(name: str) -> type:
     """The task class for a registered name or a ``path/to/file.py:ClassName`` reference."""
-    if ":" in name and name.rpartition(":")[0].endswith(".py"):
+    if is_task_file(name):
         cls = _load_file_class(name)
     else:
         tasks = registered_tasks()

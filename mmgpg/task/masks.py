@@ -268,8 +268,8 @@ class SamMasker:
         else:
             raise FileNotFoundError(_missing_checkpoint(name, "does not exist"))
         try:
-            self.model = SamModel.from_pretrained(source, dtype=dtype, **kwargs)
-            self.processor = SamProcessor.from_pretrained(source, **kwargs)
+            self.model = SamModel.from_pretrained(source, dtype=dtype, trust_remote_code=False, **kwargs)
+            self.processor = SamProcessor.from_pretrained(source, trust_remote_code=False, **kwargs)
         except (OSError, ValueError) as err:
             raise OSError(_missing_checkpoint(name, f"could not be loaded ({type(err).__name__}: {err})")) from err
         self.device = torch.device(device)

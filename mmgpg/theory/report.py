@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mmgpg.jsonl import atomic_writer, write_text_atomic
 from mmgpg.theory import diagnose as D
 from mmgpg.theory import predict as theory
 
@@ -43,7 +44,7 @@ def run_diagnose(run_dir: str | Path, out_dir: str | Path | None = None,
     from mmgpg.rundir import PROBES, SUCCESS, read_config, read_metrics
 
     run = Path(run_dir)
-    cfg, ignored = read_config(run, lenient=True)
+    cfg, ignored = read_config(run, lenient=True, use_task=False)  # success is in the records: no task code runs
     metrics = read_metrics(run)
     visits = D.read_visits(run / SUCCESS, success_threshold)
     probes = D.read_probes(run / PROBES, cfg.train.split)
@@ -73,9 +74,9 @@ def run_diagnose(run_dir: str | Path, out_dir: str | Path | None = None,
     }
     out = Path(out_dir) if out_dir else run / "diagnose"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "diagnose.json").write_text(json.dumps(report, indent=2))
+    write_text_atomic(out / "diagnose.json", json.dumps(report, indent=2))
     text = render_text(report)
-    (out / "diagnose.txt").write_text(text)
+    write_text_atomic(out / "diagnose.txt", text)
     report["files"] = [str(out / "diagnose.json"), str(out / "diagnose.txt"), *map(str, write_plots(report, out))]
     return report
 
@@ -190,7 +191,8 @@ def write_plots(r: dict, out: Path) -> list[Path]:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_writer(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
     import matplotlib.pyplot as plt
 
     plt.close(fig)

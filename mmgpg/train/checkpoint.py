@@ -34,12 +34,12 @@ from mmgpg import distributed
 from mmgpg.rundir import (
     _STEP_DIR,
     _read_marker,
-    _safe_load,
     checkpoint_root,
     complete_checkpoints,
     latest_checkpoint,
 )
 from mmgpg.typed import CheckpointError
+from mmgpg.utils import safe_load
 
 
 def rng_state() -> dict[str, Any]:
@@ -150,6 +150,6 @@ def load_trainer_state(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]
         raise CheckpointError(f"{checkpoint} was written by {meta['world_size']} ranks; this run has "
                               f"{info.world_size}. Resume with the same number of processes.")
     try:
-        return _safe_load(checkpoint / "trainer_state.pt"), _safe_load(checkpoint / f"rng_rank{info.rank}.pt")
+        return safe_load(checkpoint / "trainer_state.pt"), safe_load(checkpoint / f"rng_rank{info.rank}.pt")
     except CheckpointError as err:
         raise CheckpointError(f"checkpoint {checkpoint}: {err}") from None

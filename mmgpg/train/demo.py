@@ -42,6 +42,7 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     import torch
 
     from mmgpg.config import resolve
+    from mmgpg.jsonl import write_text_atomic
     from mmgpg.rundir import read_metrics, run_dir_path
     from mmgpg.train.plots import plot_run
     from mmgpg.train.sft import SFTTrainer
@@ -88,7 +89,7 @@ def run_demo(s: DemoSettings, console=None) -> dict:
         "eval_samples": before.get("eval/num_samples"), "eval_curve": [(r["step"], r["eval/accuracy"]) for r in evals],
         "seconds_sft": t_sft, "seconds_rl": t_gpg, "plots": [str(p) for p in plots],
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     say("[bold]3/3 result[/bold] (greedy, test split, "
         f"{int(before.get('eval/num_samples', 0))} images; chance is 0.20)")
     def row(name: str, r: dict) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mmgpg.jsonl import atomic_writer
 from mmgpg.rundir import read_metrics
 
 PANELS = (
@@ -42,7 +43,8 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         _draw(ax, title, lines)
         path = out / (title.split(" ")[0].replace("/", "_") + ".png")
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        with atomic_writer(path, "wb") as f:
+            fig.savefig(f, format="png", dpi=120)
         plt.close(fig)
         written.append(path)
     if series:
@@ -51,7 +53,8 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
             _draw(ax, title, lines)
         fig.tight_layout()
         path = out / "training.png"
-        fig.savefig(path, dpi=120)
+        with atomic_writer(path, "wb") as f:
+            fig.savefig(f, format="png", dpi=120)
         plt.close(fig)
         written.append(path)
     return written

@@ -1,5 +1,7 @@
 """Continuing a run without losing or rewriting its history.
 
+* :func:`lock_run` — one run per run directory: a second run on the same ``output_dir`` is refused (it would
+  interleave the logs), naming the one that holds it.
 * :func:`truncate_logs` — on resume, the records after the checkpoint's step are removed from ``metrics.jsonl`` and
   ``prompt_success.jsonl`` by an atomic rewrite (temp file + rename: a kill leaves the old file or the new one, never
   an empty one); a torn last line is dropped with a warning.
@@ -8,8 +10,9 @@
   them (steps 1, 2, 1, 2, 3, ...) and nothing is deleted.
 * :func:`config_changes` / :func:`check_config_changes` — every checkpoint stores the resolved config it was trained
   with (``config.yaml``). A resume with a different config is refused, naming each key (old → new), unless the change
-  is run control (:data:`RUN_CONTROL`) or ``train.resume_config=new`` applies it. Accepted changes are appended to
-  ``config_changes.jsonl``; the run's ``config.yaml`` (how the run started) is never rewritten.
+  is run control (:data:`RUN_CONTROL`) or ``train.resume_config=new`` applies it; what it cannot apply (a LoRA
+  adapter's shape or scale, :data:`LORA_FIXED`) is refused even then. Accepted changes are appended to
+  ``config_changes.jsonl``; the run's ``config.yaml`` (how the run that trained started) is never rewritten.
 """
 
 from __future__ import annotations
@@ -127,17 +130,29 @@ def read_checkpoint_config(checkpoint: Path, run_dir: Path) -> tuple[dict | None
     return None, ""
 
 
+LORA_FIXED = frozenset({"model.lora.rank", "model.lora.alpha", "model.lora.target_modules", "model.lora.vision",
+                        "model.lora.merger", "model.lora.trainable_modules"})
+"""LoRA keys a resume cannot change: the saved adapter's shapes (rank, which layers, which modules are trained in
+full) and its scale (alpha) are the ones it was trained with. ``model.lora.dropout`` is not among them."""
+
+
 def check_config_changes(changes: dict[str, tuple[Any, Any]], *, checkpoint: Path, source: str, apply: bool,
-                         constant_lr: bool, command: str = "train") -> tuple[dict, dict]:
+                         constant_lr: bool, command: str = "train", fixed: frozenset = frozenset()) -> tuple[dict, dict]:
     """Split ``changes`` into ``(run control, other)``; raise :class:`~mmgpg.config.ConfigError` listing the others
     unless ``apply``. ``train.max_steps`` is run control only under a constant learning rate (otherwise the schedule's
-    length changes)."""
+    length changes). A change of a key in ``fixed`` cannot be applied and is refused even with ``apply``."""
     from mmgpg.typed import ConfigError, Problem
 
     run_control = RUN_CONTROL if command == "train" else SFT_RUN_CONTROL
     steps = f"{command}.max_steps"
     control = {k: v for k, v in changes.items() if k in run_control or (k == steps and constant_lr)}
     other = {k: v for k, v in changes.items() if k not in control}
+    if apply and (stuck := {k: v for k, v in other.items() if k in fixed}):
+        raise ConfigError([Problem(k, new, f"train.resume_config=new cannot apply it: checkpoint {checkpoint} holds a "
+                                   f"LoRA adapter trained with {old!r} ({source}), whose shapes and scale are fixed.",
+                                   f"keep {k}={old!r} to continue this run, or start a new run in another output_dir "
+                                   f"from its merged weights (model.name_or_path={checkpoint / 'policy'}).")
+                           for k, (old, new) in stuck.items()])
     if other and not apply:
         fix = ("drop this override to continue as the checkpoint was trained, add train.resume_config=new to apply "
                "the new values from this step on (recorded in config_changes.jsonl), or start a new run in another "
@@ -172,11 +187,33 @@ def check_config(cfg, checkpoint: Path, run_dir: Path, *, record: bool, command:
         return False
     changes = config_changes(old, yaml.safe_load(to_yaml(cfg)), command)
     constant = t.lr_scheduler == "constant" if command == "train" else True  # sft's schedule is constant
+    old_rank = changes.get("model.lora.rank", (cfg.model.lora.rank,))[0]
+    uses_lora = cfg.model.lora.rank > 0 or (isinstance(old_rank, int) and old_rank > 0)
     control, other = check_config_changes(changes, checkpoint=checkpoint, source=source, apply=t.resume_config == "new",
-                                          constant_lr=constant, command=command)
+                                          constant_lr=constant, command=command,
+                                          fixed=LORA_FIXED if uses_lora else frozenset())
     if record:
         record_changes(run_dir, checkpoint, {**control, **other}, "train.resume_config=new" if other else "run control")
     return bool(other)
+
+
+def lock_run(run_dir: Path, command: str, is_main: bool):
+    """Lock the run directory for this run (:func:`mmgpg.runlock.lock_run_dir`) before anything in it is read or
+    written: rank 0 takes the lock, every rank learns the outcome (a refusal raises on every rank, so no rank waits in
+    a collective for one that stopped). Returns the lock on rank 0, None on the others."""
+    from mmgpg import distributed
+    from mmgpg.runlock import RunDirLocked, lock_run_dir
+
+    lock, refused = None, None
+    if is_main:
+        try:
+            lock = lock_run_dir(run_dir, command)
+        except RunDirLocked as err:
+            refused = str(err)
+    refused = distributed.broadcast_object(refused)
+    if refused is not None:
+        raise RunDirLocked(refused)
+    return lock
 
 
 def start_or_resume(run_dir: Path, resume_requested: bool, is_main: bool = True) -> Path | None:

@@ -57,7 +57,10 @@ class SFTTrainer:
         if self.backend.dist.enabled:
             raise ValueError("mmgpg sft runs in a single process; start it without torchrun")
         self.run_dir = Path(run_dir) if run_dir else run_dir_path(cfg.output_dir, "sft")
+        self.lock = resume.lock_run(self.run_dir, "sft", is_main=True)  # released at the end of train()
         checkpoint = resume.start_or_resume(self.run_dir, cfg.train.resume)
+        if checkpoint is not None:  # a config the checkpoint cannot continue with is refused before loading anything
+            resume.check_config(cfg, checkpoint, self.run_dir, record=False, command="sft")
         self.step = 0
         seed_everything(cfg.seed)
         self.policy = load_for_training(cfg.model, self.backend.device, self.backend.weights_dtype(cfg.model.dtype),
@@ -118,7 +121,14 @@ class SFTTrainer:
 
     def train(self, progress=None) -> Path:
         """Run to ``sft.max_steps`` (or stop at a step boundary with a checkpoint on SIGTERM/SIGINT); return the
-        ``final/`` model directory, or the stopping checkpoint's ``policy/`` when stopped early."""
+        ``final/`` model directory, or the stopping checkpoint's ``policy/`` when stopped early. The run directory's
+        lock is released at the end."""
+        try:
+            return self._train(progress)
+        finally:
+            self.lock.release()
+
+    def _train(self, progress) -> Path:
         s = self.cfg.sft
         runlog = RunLog(self.run_dir, self.cfg, start_step=self.step, is_main=True, total_steps=s.max_steps,
                         tensorboard=False, use_wandb=False, progress=False)

@@ -71,7 +71,10 @@ class Trainer:
 
         name = run_dir if run_dir is not None else run_dir_path(cfg.output_dir, "train")
         self.run_dir = Path(distributed.broadcast_object(str(name)))
+        self.lock = resume.lock_run(self.run_dir, "train", self.dist.is_main)  # released at the end of train()
         checkpoint = resume.start_or_resume(self.run_dir, cfg.train.resume, is_main=self.dist.is_main)
+        if checkpoint is not None:  # a config the checkpoint cannot continue with is refused before loading anything
+            resume.check_config(cfg, checkpoint, self.run_dir, record=False, command="train")
         self.state = StepState()
 
         seed_everything(cfg.seed + self.dist.rank)
@@ -107,7 +110,9 @@ class Trainer:
             self._resume(checkpoint)
         if self.dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            if not (cfg.train.resume and (self.run_dir / "config.yaml").exists()):  # provenance is never rewritten
+            # provenance: written when the run starts from step 0 (over the config of an attempt that never
+            # checkpointed), never rewritten by a resume
+            if checkpoint is None or not (self.run_dir / "config.yaml").exists():
                 save_config(self.resolved, self.run_dir, "train")
         distributed.barrier()
         self.stopper = GracefulStop(lambda: self.state.step + 1, announce=self.dist.is_main)
@@ -473,4 +478,6 @@ class Trainer:
         finally:
             self.runlog.close()
             self.stopper.__exit__()
+            if self.lock is not None:
+                self.lock.release()
         return self.run_dir

@@ -3,7 +3,10 @@ math_verify.py / sympy.py in the directory where mmgpg runs. Each attack writes 
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.faults_support import TINY, mmgpg, steps
 
 from mmgpg.rundir import verify_checkpoint
 from mmgpg.train.checkpoint import load_trainer_state
@@ -89,3 +93,141 @@ def test_ctrl_c_in_the_terminal_does_not_kill_the_math_worker_with_a_traceback(t
     assert "parent got SIGINT" in out
     assert "alive True (True, '4')" in out, out + err
     assert "KeyboardInterrupt" not in err and "Traceback" not in err, err
+
+
+# ---- DeepSpeed's engine/ state: DeepSpeed itself unpickles it with weights_only=False -----------------------------
+
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
+DS = [*TINY, "train.backend=deepspeed", "train.zero_stage=2"]
+OPTIM = "engine/state/zero_pp_rank_0_mp_rank_00_optim_states.pt"
+
+
+@pytest.fixture(scope="module")
+def ds_run(tmp_path_factory) -> Path:
+    """A 2-step single-process ZeRO-2 run with checkpoints step-1 and step-2 (tests work on copies)."""
+    run = tmp_path_factory.mktemp("ds") / "run"
+    mmgpg("train", *DS, "train.max_steps=2", "train.save_every=1", f"output_dir={run}")
+    return run
+
+
+def _plant(state_file: Path, marker: Path) -> None:
+    """Add an object that runs code when unpickled to one of DeepSpeed's own state files (which it then still holds)."""
+    import deepspeed  # noqa: F401 - its classes are in the file; this test trusts the file it just wrote
+
+    state = torch.load(state_file, weights_only=False)
+    state["evil"] = _Evil(marker)
+    torch.save(state, state_file)
+
+
+@needs_deepspeed
+def test_a_crafted_deepspeed_engine_file_is_refused_and_resume_falls_back(tmp_path, ds_run):
+    run = tmp_path / "run"
+    shutil.copytree(ds_run, run)
+    marker = tmp_path / "MARKER"
+    newest = run / "checkpoints" / "step-00000002"
+    _plant(newest / OPTIM, marker)
+    with pytest.raises(CheckpointError, match="zero_pp_rank_0_mp_rank_00_optim_states.pt.*not unpickle"):
+        verify_checkpoint(newest)
+    verify_checkpoint(run / "checkpoints" / "step-00000001")  # DeepSpeed's real files load with weights_only=True
+    proc = mmgpg("train", *DS, "train.max_steps=3", "train.save_every=1", "train.resume=true", f"output_dir={run}")
+    assert not marker.exists(), "resuming from a crafted DeepSpeed state file ran code"
+    assert "skipping checkpoint" in proc.stderr and "step-00000002" in proc.stderr and "optim_states.pt" in proc.stderr
+    assert steps(run) == [1, 2, 3]  # resumed from the intact step 1, as the plain backend does
+    verify_checkpoint(run / "checkpoints" / "step-00000002")  # rewritten by the resumed run
+
+
+@needs_deepspeed
+def test_deepspeed_itself_never_unpickles_an_engine_file_beyond_tensors(tmp_path, ds_run):
+    """Defence in depth: the backend's own load (after verification) goes through weights_only=True too."""
+    run = tmp_path / "run"
+    shutil.copytree(ds_run, run)
+    marker = tmp_path / "MARKER"
+    _plant(run / "checkpoints" / "step-00000002" / OPTIM, marker)
+    code = ("import sys; from pathlib import Path\n"
+            "from mmgpg.config import resolve; from mmgpg.train.trainer import Trainer\n"
+            "from mmgpg.typed import CheckpointError\n"
+            f"trainer = Trainer(resolve({[*DS, 'output_dir=' + str(tmp_path / 'fresh')]!r}))\n"
+            "try:\n"
+            f"    trainer.backend.load_engine_state(Path({str(run / 'checkpoints' / 'step-00000002' / 'engine')!r}))\n"
+            "except CheckpointError as err:\n"
+            "    print('refused:', err)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert not marker.exists(), "DeepSpeed unpickled a crafted state file"
+    assert "refused:" in proc.stdout and "optim_states.pt" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+# ---- a task file named by someone else's run directory ------------------------------------------------------------
+
+THEIR_TASK = """
+open({marker!r}, "a").write("code ran\\n")
+from mmgpg_tasks.shapes import ShapesParityTask as Theirs
+"""
+
+
+def test_diagnose_and_probe_never_import_a_task_file_named_by_the_run_directory(tmp_path, checkpoint_copy):
+    run = checkpoint_copy(tmp_path)
+    marker = tmp_path / "MARKER"
+    theirs = tmp_path / "their_task.py"
+    theirs.write_text(THEIR_TASK.format(marker=str(marker)))
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace(TINY[1].partition("=")[2], f"{theirs}:Theirs"))
+    assert f"name: {theirs}:Theirs" in config.read_text()
+
+    proc = mmgpg("diagnose", str(run), "--out", str(tmp_path / "diagnose"), check=False)
+    assert not marker.exists(), "mmgpg diagnose imported the task file named by the run's config.yaml"
+    assert proc.returncode == 0, proc.stderr  # diagnose needs no task: success is in the records
+
+    probe = ["probe", str(run), "--step", "0", "--samples", "2", "--limit", "1", "--batch-prompts", "1",
+             "rollout.max_new_tokens=4"]
+    proc = mmgpg(*probe, check=False)
+    assert not marker.exists(), "mmgpg probe imported the task file named by the run's config.yaml"
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"task={theirs}:Theirs" in proc.stderr  # says how to run it once the user has read the file
+    other = tmp_path / "other.py"
+    other.write_text(THEIR_TASK.format(marker=str(marker)))
+    proc = mmgpg(*probe, f"task={other}:Theirs", check=False)  # naming another file does not swap the run's task
+    assert proc.returncode == 2 and not marker.exists() and "not this run's task" in proc.stderr, proc.stderr
+
+    # The user names it on the command line: now it is code they chose to run.
+    proc = mmgpg(*probe, f"task={theirs}:Theirs")
+    assert marker.read_text() == "code ran\n" and "probed 1 prompts" in proc.stdout
+
+
+# ---- a model folder that asks to run its own code (auto_map, unknown model_type) ----------------------------------
+
+REMOTE_CODE = """
+open({marker!r}, "a").write("code ran\\n")
+from transformers import PretrainedConfig
+
+
+class RemoteConfig(PretrainedConfig):
+    model_type = "remote_vlm"
+"""
+
+
+@pytest.fixture
+def remote_code_model(tmp_path) -> tuple[Path, Path]:
+    """A model folder whose config.json maps the Auto classes to its own remote_vlm.py (which writes a marker)."""
+    from safetensors.torch import save_file
+
+    model, marker = tmp_path / "remote_model", tmp_path / "MARKER"
+    model.mkdir()
+    (model / "remote_vlm.py").write_text(REMOTE_CODE.format(marker=str(marker)))
+    auto = {name: "remote_vlm.RemoteConfig" for name in ("AutoConfig", "AutoModelForImageTextToText", "AutoProcessor")}
+    (model / "config.json").write_text(json.dumps({"model_type": "remote_vlm", "auto_map": auto}))
+    save_file({"w": torch.zeros(2)}, str(model / "model.safetensors"))
+    return model, marker
+
+
+@pytest.mark.parametrize("command", ["eval", "model info", "plan"])
+def test_a_model_folder_with_its_own_code_is_refused_without_a_prompt(tmp_path, remote_code_model, command):
+    model, marker = remote_code_model
+    args = {"eval": ["eval", "--task", "shapes", "--ckpt", str(model), "--limit", "1", "--output", str(tmp_path / "e")],
+            "model info": ["model", "info", str(model)],
+            "plan": ["plan", "--gpus", "1", "--gpu-memory-gb", "80", f"model.name_or_path={model}"]}[command]
+    proc = subprocess.run([sys.executable, "-m", "mmgpg", *args], input="y\n", capture_output=True, text=True,
+                          timeout=300)
+    assert not marker.exists(), f"mmgpg {command} ran the model folder's code after a 'y' on stdin"
+    assert "[y/N]" not in proc.stdout + proc.stderr  # never asks
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "runs code" in proc.stderr and str(model) in proc.stderr, proc.stderr

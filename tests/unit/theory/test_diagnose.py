@@ -164,8 +164,9 @@ def test_train_probe_diagnose_on_a_real_cpu_run(tmp_path):
         return proc.stdout
 
     cli("train", f"task={FIXTURES}:ParityShapes", "task.num_train=6", *TINY, "train.max_steps=4", f"output_dir={run}")
-    cli("probe", str(run), "--step", "0", "--samples", "8", "--success-threshold", "1")
-    out = cli("probe", str(run), "--samples", "8", "--success-threshold", "1")
+    mine = f"task={FIXTURES}:ParityShapes"  # a task file is imported only when the user names it (docs/trust.md)
+    cli("probe", str(run), mine, "--step", "0", "--samples", "8", "--success-threshold", "1")
+    out = cli("probe", str(run), mine, "--samples", "8", "--success-threshold", "1")
     assert "at step 4" in out
     probes = [json.loads(x) for x in (run / "probe_success.jsonl").read_text().splitlines()]
     assert sorted({p["step"] for p in probes}) == [0, 4] and len(probes) == 12
@@ -193,7 +194,10 @@ def test_probe_file_and_checkpoint_lookup(tmp_path):
     from mmgpg.config import ConfigError
 
     with pytest.raises(ConfigError, match="only field overrides"):
-        read_config(run, overrides=["task=shapes"])
+        read_config(run, overrides=["algo=grpo"])
+    assert read_config(run, overrides=[f"task={cfg.task.name}"])[0].task.name == cfg.task.name  # the run's own
+    with pytest.raises(ConfigError, match="not this run's task"):  # a finished run's task is not swapped
+        read_config(run, overrides=["task=lisa_grounding" if cfg.task.name != "lisa_grounding" else "task=shapes"])
     path = run / "probe_success.jsonl"
     rec = ProbeRecord(step=0, prompt_id="a", split="train", samples=4, successes=1, temperature=1.0, top_p=1.0,
                       top_k=0, max_new_tokens=8, checkpoint="m")
