@@ -47,7 +47,13 @@ def kill_after_checkpoint(cmd: list[str], run: Path, step: int = 2, *, env: dict
 
 
 def steps(run: Path, name: str = "metrics.jsonl") -> list[int]:
-    return [json.loads(line)["step"] for line in (run / name).read_text().splitlines() if line.strip()]
+    """The ``step`` of every record of a run's log. The log may belong to a run that is still writing it: a last
+    line without its newline (an append in progress) is left out, as mmgpg's own readers do."""
+    text = (run / name).read_text()
+    lines = text.splitlines()
+    if lines and not text.endswith("\n"):
+        lines = lines[:-1]  # being appended right now
+    return [json.loads(line)["step"] for line in lines if line.strip()]
 
 
 @pytest.fixture(scope="session")
