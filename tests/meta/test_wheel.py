@@ -17,7 +17,6 @@ from importlib.resources import files
 import mmgpg
 from mmgpg.task import build_task, registered_tasks
 from mmgpg.config import resolve
-from support import REPO as _REPO
 eps = registered_tasks()
 task = build_task("shapes", {"num_train": 2})
 example = task.load("train")[0]
