@@ -43,7 +43,7 @@ def test_wheel_installs_into_a_fresh_venv(tmp_path):
     # Build from a copy of the sources so no build/ or *.egg-info is written into (or reused from) the checkout.
     src = tmp_path / "src"
     shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "build", "dist", "*.egg-info", "runs", "__pycache__", ".*_cache", ".hypothesis"))
+        ".git", ".venv*", "build", "dist", "*.egg-info", "runs", "__pycache__", ".*_cache", ".hypothesis"))
     dist = tmp_path / "dist"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)],
                    check=True, capture_output=True, timeout=600)
