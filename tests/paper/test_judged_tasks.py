@@ -10,6 +10,7 @@ import pytest
 from mmgpg_tasks.cv_bench import R1_ZERO, sat_record
 from mmgpg_tasks.fine_grained import class_names
 from PIL import Image
+from support import FIXTURE_TASKS
 
 from mmgpg.cli import main
 from mmgpg.evaluation.predictions import rescore
@@ -393,7 +394,7 @@ def test_evaluation_judges_each_output_once_per_protocol(tmp_path, tiny_dirs):
     from mmgpg.models.load import load_policy
     from mmgpg.rollout.hf import HFEngine
 
-    task = build_task(f"{__file__.rsplit('/', 1)[0]}/fixture_tasks.py:JudgeCountingScenes",
+    task = build_task(f"{FIXTURE_TASKS}:JudgeCountingScenes",
                       {"num_test": 3, "reward_protocol": "strict"})
     policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544)
     report = run_evaluation(HFEngine(policy, resolve([]).config), task, "test", limit=None, protocol="paper",
