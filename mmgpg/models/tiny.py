@@ -57,9 +57,9 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
-# A chat template written for mmgpg that renders the same text as Qwen2-VL-Instruct's: a default system turn, one
-# ``<|vision_start|><|image_pad|><|vision_end|>`` per image, ``<|im_start|>role\n ... <|im_end|>\n`` per turn.
-CHAT_TEMPLATE = (
+# Both templates: a default system turn, then ``<|im_start|>role\n ... <|im_end|>\n`` per turn; they differ only in
+# how a content part is rendered.
+_TURNS_OPEN = (
     "{%- set nl = '\\n' -%}"
     "{%- for message in messages -%}"
     "{%- if loop.first and message['role'] != 'system' -%}"
@@ -68,11 +68,8 @@ CHAT_TEMPLATE = (
     "<|im_start|>{{ message['role'] }}{{ nl }}"
     "{%- if message['content'] is string -%}{{ message['content'] }}"
     "{%- else -%}{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{%- elif part['type'] == 'video' or 'video' in part -%}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{%- elif 'text' in part -%}{{ part['text'] }}"
+)
+_TURNS_CLOSE = (
     "{%- endif -%}"
     "{%- endfor -%}{%- endif -%}"
     "<|im_end|>{{ nl }}"
@@ -80,24 +77,25 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}<|im_start|>assistant{{ nl }}{%- endif -%}"
 )
 
+# A chat template written for mmgpg that renders the same text as Qwen2-VL-Instruct's: a default system turn, one
+# ``<|vision_start|><|image_pad|><|vision_end|>`` per image, ``<|im_start|>role\n ... <|im_end|>\n`` per turn.
+CHAT_TEMPLATE = (
+    _TURNS_OPEN +
+    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
+    "<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif part['type'] == 'video' or 'video' in part -%}"
+    "<|vision_start|><|video_pad|><|vision_end|>"
+    "{%- elif 'text' in part -%}{{ part['text'] }}"
+    + _TURNS_CLOSE
+)
+
 # The text family's template, written for mmgpg in the layout of Qwen2.5-Instruct's: a default system turn and
 # ``<|im_start|>role\n ... <|im_end|>\n`` per turn. Content is a string or text parts; a text-only model refuses images.
 TEXT_CHAT_TEMPLATE = (
-    "{%- set nl = '\\n' -%}"
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' -%}"
-    "<|im_start|>system{{ nl }}" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>{{ nl }}"
-    "{%- endif -%}"
-    "<|im_start|>{{ message['role'] }}{{ nl }}"
-    "{%- if message['content'] is string -%}{{ message['content'] }}"
-    "{%- else -%}{%- for part in message['content'] -%}"
+    _TURNS_OPEN +
     "{%- if 'text' in part -%}{{ part['text'] }}"
     "{%- else -%}{{ raise_exception('this is a text-only model: a message part that is not text was given') }}"
-    "{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "<|im_end|>{{ nl }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant{{ nl }}{%- endif -%}"
+    + _TURNS_CLOSE
 )
 
 _WORDS = (
