@@ -83,7 +83,7 @@ def cmd_model_info(args) -> int:
     from mmgpg.models.tiny import count_parameters
 
     path = resolve_model_path(args.model)
-    check_model_source(path)
+    check_model_source(path, need_weights=False)
     config = read_model_config(path)
     with torch.device("meta"):
         model = no_remote_code(auto_model_class(config.model_type, repr(args.model)).from_config, config)
@@ -172,12 +172,14 @@ def register(sub) -> None:
                         "processor made locally, and save it as a Hugging Face directory that AutoProcessor and "
                         "AutoModelForImageTextToText load (--family qwen2: a text-only Qwen2ForCausalLM with its "
                         "tokenizer, for AutoTokenizer and AutoModelForCausalLM). --size shape_true uses the real 2B/3B "
-                        "dimensions (vocab 151,936) for memory and speed measurements (vision-language families).")
+                        "dimensions (vocab 151,936) for memory and speed measurements; with --family qwen2, DeepSeek-R1-Distill-"
+                        "Qwen-1.5B's (shape_true) or Qwen2.5-Math-7B's (shape_true_7b).")
     t.add_argument("--out", required=True, help="output directory")
     t.add_argument("--family", choices=FAMILIES, default=FAMILIES[0])
     t.add_argument("--size", choices=["tiny", "shape_true", "shape_true_7b"], default="tiny",
-                   help="tiny (~1M params) or shape_true (Qwen2-VL-2B / Qwen2.5-VL-3B dimensions; ~9 GB in fp32) or "
-                   "shape_true_7b (Qwen2.5-VL-7B dimensions; with --config-only)")
+                   help="tiny (~1M params) or shape_true (Qwen2-VL-2B / Qwen2.5-VL-3B dimensions; ~9 GB in fp32; "
+                   "qwen2: DeepSeek-R1-Distill-Qwen-1.5B) or shape_true_7b (Qwen2.5-VL-7B; qwen2: Qwen2.5-Math-7B; "
+                   "with --config-only)")
     t.add_argument("--config-only", action="store_true",
                    help="write config.json only, no weights (enough for mmgpg plan and mmgpg model info)")
     t.add_argument("--seed", type=int, default=0)

@@ -237,9 +237,10 @@ def load_for_training(model_cfg, device, dtype: str, checkpoint: Path | None = N
     return policy
 
 
-def check_model_source(path: str) -> bool:
+def check_model_source(path: str, *, need_weights: bool = True) -> bool:
     """True for a usable local model directory; raise a clear error for a local path that is not one (missing,
-    a file, no or unreadable config.json, no weights). A name that cannot be a hub id (``a/b/c``, ``./x``, ``/x``,
+    a file, no or unreadable config.json, no weights — unless ``need_weights`` is False: what builds the model on the
+    meta device, ``mmgpg model info`` and ``mmgpg plan``, needs only config.json). A name that cannot be a hub id (``a/b/c``, ``./x``, ``/x``,
     ``~/x``, or ``dir/x`` where ``dir`` exists here) is local: a typo is reported at once, not sent to the hub."""
     p = Path(path).expanduser()
     if not p.exists():
@@ -258,7 +259,7 @@ def check_model_source(path: str) -> bool:
         raise ValueError(f"model directory {path!r} has no config.json: it is not a Hugging Face model folder") from None
     except (OSError, ValueError) as err:
         raise ValueError(f"model directory {path!r}: config.json is not valid JSON ({err})") from None
-    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+    if need_weights and not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
         raise ValueError(f"model directory {path!r} holds no weights (*.safetensors or *.bin); was the download or "
                          "save interrupted?")
     return True

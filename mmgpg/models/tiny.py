@@ -16,9 +16,10 @@ Sizes:
 * ``shape_true``: the real Qwen2-VL-2B-Instruct (or Qwen2.5-VL-3B-Instruct) dimensions, vocabulary 151,936
   included, randomly initialised; ``shape_true_7b``: Qwen2.5-VL-7B-Instruct's (with :func:`save_config_only` only, for
   ``mmgpg plan``: its weights would take 33 GB of memory to initialise). For memory and speed measurements; it has no knowledge. Its tokenizer is still
-  the small local one (ids < 1,024), which does not change any tensor shape the model computes with. Vision-language
-  families only: ``qwen2`` is built at the ``tiny`` size (plan a real text checkpoint from its downloaded
-  ``config.json``).
+  the small local one (ids < 1,024), which does not change any tensor shape the model computes with. For ``qwen2``
+  (text only) ``shape_true`` is DeepSeek-R1-Distill-Qwen-1.5B's language model and ``shape_true_7b`` that of
+  Qwen2.5-Math-7B (the same tensor shapes as DeepSeek-R1-Distill-Qwen-7B): the base models of the GPG paper's
+  unimodal rows (:data:`SHAPE_TRUE_TEXT`).
 
 The ``qwen2`` tiny model has the language model of the ``tiny`` Qwen2-VL (same widths, 2 layers, untied head, RoPE
 instead of M-RoPE), the same tokenizer and a Qwen2.5-Instruct-style chat template (:data:`TEXT_CHAT_TEMPLATE`).
@@ -146,13 +147,25 @@ SHAPE_TRUE = {
 # FFN 18944, no embedding tying). Qwen2.5-VL only: `dims_for` refuses it for qwen2_vl.
 SHAPE_TRUE_7B = Dims(152064, 3584, 18944, 28, 28, 4, (16, 24, 24), 1e6, False, 32, 1280, 16, 3420)
 
+# Text-only Qwen2 shapes (``--family qwen2``), from the checkpoints' config.json on the hub:
+# * shape_true: deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B (a Qwen2.5-Math-1.5B fine-tune; the GPG-RS1/RS3 rows):
+#   vocab_size 151936, hidden_size 1536, intermediate_size 8960, num_hidden_layers 28, num_attention_heads 12,
+#   num_key_value_heads 2, rope_theta 10000, tie_word_embeddings false.
+# * shape_true_7b: Qwen/Qwen2.5-Math-7B (the GPG-7B row and the Qwen2.5-Math-7B ablations): vocab_size 152064,
+#   hidden_size 3584, intermediate_size 18944, num_hidden_layers 28, num_attention_heads 28, num_key_value_heads 4,
+#   rope_theta 10000, tie_word_embeddings false (DeepSeek-R1-Distill-Qwen-7B has the same tensor shapes).
+# The vision fields and mrope_section are unused for a text model.
+SHAPE_TRUE_TEXT = {
+    "shape_true": Dims(151936, 1536, 8960, 28, 12, 2, (0, 0, 0), 1e4, False, 0, 0, 0, 0),
+    "shape_true_7b": Dims(152064, 3584, 18944, 28, 28, 4, (0, 0, 0), 1e4, False, 0, 0, 0, 0),
+}
+
 
 def dims_for(family: Family, size: Size) -> Dims:
     _check_choice("family", family, FAMILIES)
     _check_choice("size", size, SIZES)
-    if family in TEXT_FAMILIES and size != "tiny":
-        raise ValueError(f"--family {family} is built at --size tiny only; to plan a real text model, point "
-                         "model.name_or_path at its downloaded directory (config.json is enough)")
+    if family in TEXT_FAMILIES:
+        return TINY if size == "tiny" else SHAPE_TRUE_TEXT[size]
     if size == "shape_true_7b":
         if family != "qwen2_5_vl":
             raise ValueError("size shape_true_7b is Qwen2.5-VL-7B's shape: use --family qwen2_5_vl")

@@ -115,9 +115,20 @@ def test_model_tiny_qwen2_then_info(tmp_path):
     assert info["model_type"] == "qwen2" and info["policy"] == "TextPolicy" and info["vocab_size"] == 1024
     assert info["eos_token_ids"] == [2, 0] and info["layers"] == 2
     assert not {"vision_depth", "image_token_id"} & set(info) and set(info["parameters"]) == {"total"}
-    err = mmgpg("model", "tiny", "--family", "qwen2", "--size", "shape_true", "--out", str(tmp_path / "x"),
-                check=False).stderr
-    assert "--size tiny only" in err
+
+
+@pytest.mark.parametrize("size, total, hidden", [
+    # Published parameter counts of the checkpoints (hub model cards / safetensors metadata): DeepSeek-R1-Distill-
+    # Qwen-1.5B 1,777,088,000 (untied head); Qwen2.5-Math-7B = Qwen2.5-7B 7,615,616,512.
+    ("shape_true", 1_777_088_000, 1536),
+    ("shape_true_7b", 7_615_616_512, 3584),
+])
+def test_text_shape_true_configs_have_the_paper_models_sizes(tmp_path, size, total, hidden):
+    """`model tiny --family qwen2 --size ... --config-only` writes the real text models' shapes, and `model info`
+    reads a config-only directory (meta device, no weights needed)."""
+    mmgpg("model", "tiny", "--family", "qwen2", "--size", size, "--config-only", "--out", str(tmp_path / "m"))
+    info = json.loads(mmgpg("model", "info", str(tmp_path / "m")).stdout)
+    assert info["parameters"]["total"] == total and info["hidden_size"] == hidden and info["layers"] == 28
 
 
 def test_the_model_group_selects_the_tiny_text_model():
