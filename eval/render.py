@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Render the GPG paper's multimodal tables with our ``mmgpg eval`` results beside them (tables.md and tables.png).
+"""Render the GPG paper's tables (multimodal and math) with our ``mmgpg eval`` results beside them (tables.md and tables.png).
 
     python eval/render.py RESULT[=LABEL] [RESULT[=LABEL] ...] --out DIR [--label-for RESULT=LABEL] [--all]
 
@@ -46,7 +46,9 @@ def warn(message: str) -> None:
 
 
 def load_paper_tables(path: str | Path = PAPER_TABLES) -> dict[str, dict[str, Any]]:
-    """The tables of ``paper_tables.yaml`` keyed by family (cv_bench, lisa_grounding, fine_grained, geoqa)."""
+    """The tables of ``paper_tables.yaml`` keyed by name (cv_bench, lisa_grounding, fine_grained, geoqa, math_1p5b,
+    math_7b, math_7b_ablation). A table is filled by one ``task`` or, one column per task, by ``tasks`` with their
+    ``metric``."""
     import yaml
 
     path = Path(path)
@@ -59,9 +61,17 @@ def load_paper_tables(path: str | Path = PAPER_TABLES) -> dict[str, dict[str, An
     if not isinstance(data, dict) or not isinstance(data.get("tables"), dict):
         raise RenderError(f"{path}: expected a mapping with a `tables` key")
     for key, table in data["tables"].items():
-        for required in ("title", "model", "task", "columns", "decimals", "rounding", "source", "rows"):
+        for required in ("title", "model", "columns", "decimals", "rounding", "source", "rows"):
             if required not in table:
                 raise RenderError(f"{path}: table {key!r} lacks {required!r}")
+        if ("task" in table) == ("tasks" in table):
+            raise RenderError(f"{path}: table {key!r} needs exactly one of `task` and `tasks`")
+        if "tasks" in table:
+            if "metric" not in table:
+                raise RenderError(f"{path}: table {key!r} has `tasks` but no `metric`")
+            bad = set(table["tasks"]) - set(table["columns"])
+            if bad:
+                raise RenderError(f"{path}: table {key!r}: `tasks` names unknown columns {sorted(bad)}")
         for row in table["rows"]:
             unknown = set(row["values"]) - set(table["columns"])
             if unknown:
@@ -203,11 +213,30 @@ def result_cells(result: Result) -> dict[str, float]:
     return cells
 
 
+def table_tasks(table: dict[str, Any]) -> set[str]:
+    """The mmgpg tasks whose results fill a paper table."""
+    return set(table["tasks"].values()) if "tasks" in table else {TASK_TABLE.get(table["task"], table["task"])}
+
+
+def column_cells(result: Result, table: dict[str, Any]) -> dict[str, float]:
+    """The one cell a result fills in a per-task-column table (the math tables): its task's column, with the table's
+    ``metric`` (sampled pass@1); a result without it but with greedy ``accuracy`` fills the cell with that (and is
+    footnoted by :func:`result_footnote`)."""
+    column = next(col for col, task in table["tasks"].items() if task == result.task)
+    key = table["metric"] if table["metric"] in result.metrics or "accuracy" not in result.metrics else "accuracy"
+    value = fraction(result, key)
+    return {} if value is None else {column: value}
+
+
 def result_footnote(result: Result, table: dict[str, Any], cells: dict[str, float]) -> str | None:
     """Why this result is not on the paper's full evaluation set, or None when it is (as far as we can tell)."""
     parts = []
     evaluated = result.counts.get("evaluated")
     denominator = table.get("denominator")
+    if "tasks" in table and len(cells) == 1:
+        denominator = (table.get("items") or {}).get(next(iter(cells)))
+        if table["metric"] not in result.metrics:
+            parts.append(f"greedy accuracy (the paper reports {table['metric']} over sampled completions)")
     if isinstance(evaluated, (int, float)) and denominator and evaluated < denominator:
         parts.append(f"evaluated on {int(evaluated)} of {denominator} items")
     elif result.limit is not None and isinstance(evaluated, (int, float)):
@@ -224,20 +253,31 @@ def result_footnote(result: Result, table: dict[str, Any], cells: dict[str, floa
 
 
 def fill_tables(results: list[Result], paper: dict[str, dict[str, Any]] | None = None, *,
-                include_all: bool = False) -> list[dict[str, Any]]:
+                include_all: bool = False, only: list[str] | None = None) -> list[dict[str, Any]]:
     """Paper rows plus one row per (label, protocol) of ours, for each table that has a result (all with
-    ``include_all``). Each table: its spec keys plus ``rows`` = [{name, kind, values: {col: percent | None},
+    ``include_all``). ``only``: the tables results may go to (needed when a task fills several, as the math
+    benchmarks do). Each table: its spec keys plus ``rows`` = [{name, kind, values: {col: percent | None},
     footnotes: [text]}]; ours are unrounded percents (formatting is the renderers' job)."""
     paper = load_paper_tables() if paper is None else paper
-    by_task = {table["task"]: key for key, table in paper.items()}
+    unknown = sorted(set(only or ()) - set(paper))
+    if unknown:
+        raise RenderError(f"--table {', '.join(unknown)}: no such table (tables: {', '.join(paper)})")
+    allowed = [key for key in paper if not only or key in only]
     ours: dict[str, dict[tuple[str, str | None], dict[str, Any]]] = {key: {} for key in paper}
     for result in results:
-        key = by_task.get(TASK_TABLE.get(result.task, result.task))
-        if key is None:
-            warn(f"{result.path}: task {result.task!r} has no table in the GPG paper (tables: "
-                 f"{', '.join(sorted(by_task))}); skipped")
+        task = TASK_TABLE.get(result.task, result.task)
+        keys = [key for key in allowed if task in table_tasks(paper[key])]
+        if not keys:
+            every = sorted({t for spec in paper.values() for t in table_tasks(spec)})
+            warn(f"{result.path}: task {result.task!r} has no table in the GPG paper"
+                 + (f" among --table {', '.join(only)}" if only else "") + f" (tasks with a table: "
+                 f"{', '.join(every)}); skipped")
             continue
-        cells = result_cells(result)
+        if len(keys) > 1:
+            raise RenderError(f"{result.path}: task {result.task!r} fills several of the paper's tables "
+                              f"({', '.join(keys)}): choose one with --table")
+        key = keys[0]
+        cells = column_cells(result, paper[key]) if "tasks" in paper[key] else result_cells(result)
         if not cells:
             warn(f"{result.path}: fills no cell of the {paper[key]['title']} table; skipped")
             continue
@@ -255,7 +295,7 @@ def fill_tables(results: list[Result], paper: dict[str, dict[str, Any]] | None =
             row["footnotes"].append(note)
     tables = []
     for key, spec in paper.items():
-        if not ours[key] and not include_all:
+        if not ours[key] and not (include_all and key in allowed):
             continue
         rows = [{"name": r["name"], "kind": "paper", "values": dict(r["values"]), "footnotes": []}
                 for r in spec["rows"]]
@@ -411,14 +451,16 @@ def split_labelled(arg: str, known: list[Path] | None = None) -> tuple[str, str 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="eval/render.py",
-        description="Render the GPG paper's four multimodal tables (CV-Bench, LISA grounding, fine-grained 4-shot\n"
-                    "classification, GEOQA) with our mmgpg eval results as extra rows. Writes DIR/tables.md and\n"
+        description="Render the GPG paper's tables (four multimodal: CV-Bench, LISA grounding, fine-grained 4-shot\n"
+                    "classification, GEOQA; three math: the 1.5B and 7B tables and the Qwen2.5-Math-7B ablations)\n"
+                    "with our mmgpg eval results as extra rows. Writes DIR/tables.md and\n"
                     "DIR/tables.png and prints the markdown. Paper numbers: eval/paper_tables.yaml; mapping and\n"
                     "conventions: eval/README.md.",
         epilog="examples:\n"
                "  python eval/render.py runs/eval_cvb runs/eval_geoqa --out report\n"
                "  python eval/render.py runs/fg_flowers=gpg-2b runs/fg_pets=gpg-2b --out report\n"
-               "  python eval/render.py runs/eval_cvb --label-for runs/eval_cvb='GPG seed 0' --out report\n\n"
+               "  python eval/render.py runs/eval_cvb --label-for runs/eval_cvb='GPG seed 0' --out report\n"
+               "  python eval/render.py runs/aime24=rs1 runs/math500=rs1 --table math_1p5b --out report\n\n"
                "Rows are labelled 'ours: LABEL (PROTOCOL)'; LABEL defaults to the basename of metrics.json's\n"
                "checkpoint. Results on fewer items than the paper (counts.evaluated, a limit) or on another split\n"
                "get a footnote. Other tasks are skipped with a warning. Exit status 2 on a missing file, invalid\n"
@@ -432,6 +474,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--label-for", action="append", default=[], metavar="RESULT=LABEL",
                         help="set the row label of one RESULT (repeatable; same effect as RESULT=LABEL)")
     parser.add_argument("--all", action="store_true", help="also render tables that no result fills")
+    parser.add_argument("--table", action="append", default=None, metavar="KEY",
+                        help="put results in this table only (repeatable; needed for the math benchmarks, which fill "
+                             "math_1p5b, math_7b and math_7b_ablation alike); with --all, render only these")
     parser.add_argument("--paper", default=str(PAPER_TABLES), metavar="YAML",
                         help="the paper-table file (default: eval/paper_tables.yaml next to this script)")
     return parser
@@ -453,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise RenderError(f"--label-for {arg!r}: expected RESULT=LABEL with RESULT one of the RESULT arguments")
             labels[metrics_path(path).resolve()] = label
         results = [load_result(path, labels.get(file)) for (path, _), file in zip(given, resolved)]
-        tables = fill_tables(results, paper, include_all=args.all)
+        tables = fill_tables(results, paper, include_all=args.all, only=args.table)
     except RenderError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

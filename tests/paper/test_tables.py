@@ -42,7 +42,8 @@ def rows_by_name(table):
 
 
 def test_yaml_has_every_table_and_row(tables, render):
-    assert set(tables) == {"cv_bench", "lisa_grounding", "fine_grained", "geoqa"}
+    assert set(tables) == {"cv_bench", "lisa_grounding", "fine_grained", "geoqa", "math_1p5b", "math_7b",
+                           "math_7b_ablation"}
     assert render.load_paper_tables() == tables
     for table in tables.values():
         assert table["source"].strip()
@@ -92,6 +93,32 @@ def test_geoqa_values_are_rounded_counts_over_754(tables):
         if values["GEOQA_test"] is not None:
             correct = round(values["GEOQA_test"] / 100 * 754)
             assert round(100 * correct / 754, 2) == values["GEOQA_test"], name
+
+
+MATH_TABLES = ("math_1p5b", "math_7b", "math_7b_ablation")
+MATH_COLUMNS = ("AIME24", "MATH-500", "AMC23", "Minerva", "OlympiadBench")
+
+
+@pytest.mark.parametrize("key", MATH_TABLES)
+def test_math_average_is_the_mean_of_the_five_benchmarks(tables, key):
+    """Average = unweighted mean of the five benchmarks, to the printed 0.1 (hand check, GPG-RS1:
+    (33.3 + 87.6 + 77.5 + 29.4 + 50.5) / 5 = 55.66 -> 55.7); the one row that breaks it is recorded in the notes."""
+    table = tables[key]
+    assert table["tasks"] == {"AIME24": "aime24", "MATH-500": "math_500", "AMC23": "amc23", "Minerva": "minerva",
+                              "OlympiadBench": "olympiadbench"}
+    off = []
+    for name, values in rows_by_name(table).items():
+        five = [values[c] for c in MATH_COLUMNS]
+        if None in five:
+            assert values["Average"] is None, name
+            continue
+        if abs(sum(five) / 5 - values["Average"]) > 0.05 + 1e-9:
+            off.append(name)
+    known = {"math_7b": ["Qwen2.5-Math-7B (no template)"],  # 34.2 printed as 38.2
+             "math_7b_ablation": ["GPG (F_norm=1, alpha=B/(B-M), beta_th=0.6)"]}  # 48.38 printed as 48.3
+    assert off == known.get(key, []), off
+    assert rows_by_name(tables["math_1p5b"])["GPG-RS1"]["Average"] == 55.7
+    assert rows_by_name(tables["math_7b"])["GPG-7B"]["Average"] == 57.7
 
 
 def test_format_percent(render):
@@ -171,8 +198,36 @@ def test_render_average_and_unused_tables(tmp_path, render):
     md = render.render_markdown(data)
     assert "| ours: all4/final (paper) | 84.0 | 80.0 | 90.0 | 70.0 | 96.0 |" in md.splitlines()
     everything = render.fill_tables(results, include_all=True)
-    assert [t["key"] for t in everything] == ["cv_bench", "lisa_grounding", "fine_grained", "geoqa"]
+    assert [t["key"] for t in everything] == ["cv_bench", "lisa_grounding", "fine_grained", "geoqa", *MATH_TABLES]
     assert render.render_png(everything, tmp_path / "all.png").stat().st_size > 10_000
+
+
+def test_render_math_results_need_a_table_and_fill_their_benchmark_column(tmp_path):
+    """A benchmark result fills its column of the chosen math table with pass@1; a greedy one is footnoted; one
+    without --table is an error (three tables take the same tasks); the Average appears once all five are in."""
+    results = {task: write_result(tmp_path / task, task, {"pass@1": value, "accuracy": 0.0},
+                                  checkpoint="runs/rs1/final", counts={"evaluated": n})
+               for task, value, n in [("aime24", 10 / 30, 30), ("math_500", 0.876, 500), ("amc23", 0.775, 40),
+                                      ("minerva", 0.294, 272), ("olympiadbench", 0.505, 675)]}
+    proc = run_render(results["aime24"], "--out", tmp_path / "o1")
+    assert proc.returncode == 2 and "choose one with --table" in proc.stderr, proc.stderr
+    out = tmp_path / "o2"
+    proc = run_render(*results.values(), "--table", "math_1p5b", "--out", out)
+    assert proc.returncode == 0, proc.stderr
+    lines = (out / "tables.md").read_text().splitlines()
+    assert "| ours: rs1/final (paper) | 55.7 | 33.3 | 87.6 | 77.5 | 29.4 | 50.5 |" in lines
+    assert [line for line in lines if line.startswith("## ")] == [
+        "## Math reasoning, distilled 1.5B models (DeepSeek-R1-Distill-Qwen-1.5B)"]
+    greedy = write_result(tmp_path / "greedy", "math_500", {"accuracy": 0.5}, checkpoint="base",
+                          counts={"evaluated": 100}, limit=100)
+    proc = run_render(greedy, "--table", "math_7b", "--out", tmp_path / "o3")
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "o3" / "tables.md").read_text()
+    assert "| ours: base (paper)† | — | — | 50.0 | — | — | — |" in md.splitlines(), md
+    assert ("†: MATH-500: greedy accuracy (the paper reports pass@1 over sampled completions); evaluated on 100 of "
+            "500 items; limit=100") in md.splitlines(), md
+    proc = run_render(greedy, "--table", "nope", "--out", tmp_path / "o4")
+    assert proc.returncode == 2 and "no such table" in proc.stderr
 
 
 # (c) errors ------------------------------------------------------------------------------------------------------
