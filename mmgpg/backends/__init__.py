@@ -46,6 +46,18 @@ class OptimizerSettings:
     lr_scheduler: str = "constant"
     warmup_steps: int = 0
     total_steps: int = 1  # optimizer-step slots of the whole run (the schedule's length)
+    min_lr_rate: float = 0.0  # cosine_with_min_lr: the floor, as a fraction of learning_rate
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, settings: OptimizerSettings):
+    """The learning-rate schedule of ``settings`` on ``optimizer`` (``transformers.get_scheduler``, the schedules of
+    HF ``TrainingArguments.lr_scheduler_type``). ``cosine_with_min_lr`` decays from ``learning_rate`` to
+    ``min_lr_rate * learning_rate`` along a half cosine after the warmup (open-rs: ``min_lr_rate: 0.1``)."""
+    from transformers import get_scheduler
+
+    extra = {"min_lr_rate": settings.min_lr_rate} if settings.lr_scheduler == "cosine_with_min_lr" else None
+    return get_scheduler(settings.lr_scheduler, optimizer, num_warmup_steps=settings.warmup_steps,
+                         num_training_steps=settings.total_steps, scheduler_specific_kwargs=extra)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from mmgpg import distributed
-from mmgpg.backends import OptimizerSettings, StepResult
+from mmgpg.backends import OptimizerSettings, StepResult, build_scheduler
 from mmgpg.backends.deepspeed_config import INSTALL_HINT, derive, merge, read_user_config
 from mmgpg.models.load import resolve_device
 
@@ -93,16 +93,13 @@ class DeepSpeedBackend:
         return torch.optim.AdamW(self.params, **kwargs)
 
     def prepare(self, model: torch.nn.Module, settings: OptimizerSettings) -> None:
-        from transformers import get_scheduler
-
         self.settings = settings
         self.params = [p for p in model.parameters() if p.requires_grad]
         optimizer = self._optimizer(settings)
         # mmgpg steps the schedule, not DeepSpeed (a skipped step advances it without an optimizer step). It is built
         # on the torch optimizer (torch's schedulers accept nothing else) and then pointed at DeepSpeed's wrapper,
         # whose param groups are the ones the step reads.
-        self.scheduler = get_scheduler(settings.lr_scheduler, optimizer, num_warmup_steps=settings.warmup_steps,
-                                       num_training_steps=settings.total_steps)
+        self.scheduler = build_scheduler(optimizer, settings)
         with _quiet():
             self.engine, _, _, _ = self.ds.initialize(model=model, model_parameters=self.params, optimizer=optimizer,
                                                       config=self.ds_config, dist_init_required=False)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from mmgpg import distributed
-from mmgpg.backends import OptimizerSettings, StepResult
+from mmgpg.backends import OptimizerSettings, StepResult, build_scheduler
 from mmgpg.models.load import resolve_device
 from mmgpg.models.save import policy_weights
 
@@ -49,15 +49,12 @@ class PlainBackend:
         return contextlib.nullcontext()
 
     def prepare(self, model: torch.nn.Module, settings: OptimizerSettings) -> None:
-        from transformers import get_scheduler
-
         self.settings = settings
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=settings.learning_rate, betas=tuple(settings.betas),
                                            eps=settings.eps, weight_decay=settings.weight_decay)
-        self.scheduler = get_scheduler(settings.lr_scheduler, self.optimizer, num_warmup_steps=settings.warmup_steps,
-                                       num_training_steps=settings.total_steps)
+        self.scheduler = build_scheduler(self.optimizer, settings)
 
     def apply_settings(self, settings: OptimizerSettings) -> None:
         """After :meth:`load_state_dict`: AdamW's hyper-parameters and the schedule's base learning rate from

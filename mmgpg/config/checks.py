@@ -89,6 +89,13 @@ def check(cfg: Config, *, task: bool = True) -> list[Problem]:
                          "set train.eval_every=0 or a positive step count."))
     if t.learning_rate <= 0:
         p.append(Problem("train.learning_rate", t.learning_rate, "It must be > 0.", "set train.learning_rate=1e-6."))
+    if t.lr_scheduler == "cosine_with_min_lr" and not 0 <= t.min_lr_rate < 1:
+        p.append(Problem("train.min_lr_rate", t.min_lr_rate, "The floor is a fraction of the learning rate in [0, 1).",
+                         "set train.min_lr_rate=0.1 (open-rs)."))
+    elif t.lr_scheduler != "cosine_with_min_lr" and t.min_lr_rate != 0:
+        p.append(Problem("train.min_lr_rate", t.min_lr_rate,
+                         f"It applies to train.lr_scheduler=cosine_with_min_lr only (this run: {t.lr_scheduler}).",
+                         "set train.lr_scheduler=cosine_with_min_lr, or leave train.min_lr_rate at 0."))
     if t.max_grad_norm < 0:
         p.append(Problem("train.max_grad_norm", t.max_grad_norm, "It must be >= 0 (0 disables clipping).",
                          "set train.max_grad_norm=1.0."))

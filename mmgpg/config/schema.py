@@ -192,10 +192,12 @@ class TrainConfig:
     """AdamW epsilon."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; 0 disables clipping."""
-    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
-    """Learning-rate schedule after warmup (transformers.get_scheduler)."""
+    lr_scheduler: Literal["constant", "linear", "cosine", "cosine_with_min_lr"] = "constant"
+    """Learning-rate schedule after warmup (transformers.get_scheduler; cosine_with_min_lr stops at min_lr_rate)."""
     warmup_steps: int = 0
     """Linear warmup steps."""
+    min_lr_rate: float = 0.0
+    """cosine_with_min_lr only: the final learning rate as a fraction of learning_rate (open-rs uses 0.1)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory (transformers' gradient checkpointing)."""
     freeze_vision: bool = False

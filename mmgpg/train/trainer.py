@@ -143,7 +143,8 @@ class Trainer:
         t = self.cfg.train
         # The schedule has max_steps x updates_per_batch slots; a skipped step advances it too.
         return OptimizerSettings(t.learning_rate, t.weight_decay, tuple(t.adam_betas), t.adam_eps, t.max_grad_norm,
-                                 t.lr_scheduler, t.warmup_steps, total_steps=t.max_steps * self.cfg.algo.updates_per_batch)
+                                 t.lr_scheduler, t.warmup_steps, total_steps=t.max_steps * self.cfg.algo.updates_per_batch,
+                                 min_lr_rate=t.min_lr_rate)
 
     def _load(self, source: str, dtype: str) -> Policy:
         return load_policy_for(self.cfg.model, self.device, source=source, dtype=dtype)
