@@ -123,6 +123,25 @@ def find_limit(payload: dict[str, Any]) -> Any:
     return None
 
 
+def load_results(path: str | Path, label: str | None = None) -> list[Result]:
+    """The results of one RESULT: its metrics.json, or, for the summary of several benchmarks evaluated in one
+    command (``mmgpg eval --task a,b``: a metrics.json with ``benchmarks``), each benchmark's folder (all with the same
+    label: they are one model)."""
+    file = metrics_path(Path(path))
+    try:
+        payload = json.loads(file.read_text()) if file.is_file() else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        payload = None  # load_result reports it
+    if not (isinstance(payload, dict) and isinstance(payload.get("benchmarks"), dict) and "task" not in payload):
+        return [load_result(path, label)]
+    label = label or default_label(payload.get("checkpoint"), file)
+    results = []
+    for task, info in payload["benchmarks"].items():
+        folder = info.get("dir", task) if isinstance(info, dict) else task
+        results.append(load_result(file.parent / str(folder), label))
+    return results
+
+
 def load_result(path: str | Path, label: str | None = None) -> Result:
     """Read and check one metrics.json (or an evaluation directory holding one)."""
     given = Path(path)
@@ -497,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
             if label is None:
                 raise RenderError(f"--label-for {arg!r}: expected RESULT=LABEL with RESULT one of the RESULT arguments")
             labels[metrics_path(path).resolve()] = label
-        results = [load_result(path, labels.get(file)) for (path, _), file in zip(given, resolved)]
+        results = [r for (path, _), file in zip(given, resolved) for r in load_results(path, labels.get(file))]
         tables = fill_tables(results, paper, include_all=args.all, only=args.table)
     except RenderError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -228,6 +228,19 @@ def test_render_math_results_need_a_table_and_fill_their_benchmark_column(tmp_pa
             "500 items; limit=100") in md.splitlines(), md
     proc = run_render(greedy, "--table", "nope", "--out", tmp_path / "o4")
     assert proc.returncode == 2 and "no such table" in proc.stderr
+    # `mmgpg eval --task aime24,math_500,...` writes one folder per benchmark and a summary metrics.json naming them:
+    # the summary's folder fills every column it names, under one label.
+    multi = tmp_path / "multi"
+    for task, value in [("aime24", 11 / 30), ("math_500", 0.846), ("amc23", 0.825), ("minerva", 0.39),
+                        ("olympiadbench", 0.458)]:
+        write_result(multi / task, task, {"pass@1": value}, checkpoint="runs/gpg7b")
+    (multi / "metrics.json").write_text(json.dumps({
+        "metrics": {"average/pass@1": 0.577}, "checkpoint": "runs/gpg7b", "protocol": "paper",
+        "benchmarks": {t: {"dir": t} for t in ("aime24", "math_500", "amc23", "minerva", "olympiadbench")}}))
+    proc = run_render(f"{multi}=gpg-7b", "--table", "math_7b", "--out", tmp_path / "o5")
+    assert proc.returncode == 0, proc.stderr
+    assert "| ours: gpg-7b (paper) | 57.7 | 36.7 | 84.6 | 82.5 | 39.0 | 45.8 |" in \
+        (tmp_path / "o5" / "tables.md").read_text().splitlines()
 
 
 # (c) errors ------------------------------------------------------------------------------------------------------
