@@ -143,7 +143,7 @@ class VLLMEngine:
         key = sampling.seed_key
         if key is None and sampling.temperature > 0:
             key = (int(torch.randint(0, 2**62, ())),)  # like HF sampling: drawn from torch's RNG
-        requests = [Request(text, images, group_size, None if key is None else request_seed(*key, p))
+        requests = [Request(text, images, group_size, None if key is None else request_seed(*key, sampling.first_prompt + p))
                     for p, (text, images) in enumerate(zip(batch.texts, batch.prompt_images()))]
         knobs = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
                  "top_p": sampling.top_p, "top_k": sampling.top_k}
