@@ -1,5 +1,6 @@
-"""``mmgpg eval``: judge a checkpoint's outputs on a task split (``--predictions`` re-judges existing outputs without
-a model)."""
+"""``mmgpg eval``: judge a checkpoint's outputs on task splits, greedy or sampled (``--samples K``: pass@1 and pass@k,
+:mod:`mmgpg.evaluation.passk`), one benchmark or several with their average pass@1 (``--task a,b``);
+``--predictions`` re-judges existing outputs without a model. docs/evaluation.md describes the files."""
 
 from __future__ import annotations
 
