@@ -6,6 +6,7 @@ earns about half the time, so the problems have some, all and no samples correct
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import re
@@ -162,3 +163,13 @@ def test_refused_combinations(tmp_path, capsys):
     assert "more than once" in capsys.readouterr().err
     assert main(["eval", "--task", f"{COIN},shapes", "--predictions", str(pred)]) == 2
     assert "--predictions re-judges one task's outputs" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_the_vllm_training_top_p_rule_does_not_apply_to_evaluation(capsys):
+    """Training refuses rollout.top_p < 1 with vLLM (its post-sync check would always fire); evaluation runs no such
+    check, so with a training config's top_p the first refusal here (no vLLM installed) is the missing install."""
+    assert main(["eval", "--task", COIN, "--ckpt", "tiny:qwen2", *TEXT, "--engine", "vllm", "rollout.top_p=0.9",
+                 "--samples", "2", "--limit", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "vLLM is not installed" in err and "rollout.top_p" not in err, err
