@@ -3,7 +3,9 @@
 :func:`rescore_predictions` reads a predictions file (:func:`read_predictions`: strict JSON, no duplicate ids),
 re-judges every row that can be judged (:func:`rescore`, checked by :func:`prediction_row_problem`) and returns the
 same :class:`~mmgpg.evaluation.run.EvalReport` a model's evaluation gives; :func:`write_report` writes either as
-``predictions.jsonl`` and ``metrics.json`` (:func:`write_evaluation`).
+``predictions.jsonl`` and ``metrics.json`` (:func:`write_evaluation`). A file of sampled evaluation (rows with a
+``sample`` index, several per id) is re-judged into the same pass@k metrics
+(:func:`~mmgpg.evaluation.run.sampled_metrics`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mmgpg.evaluation.run import EvalReport, judge_output, judged_metrics, parse_failures
+from mmgpg.evaluation.run import EvalReport, judge_output, judged_metrics, parse_failures, sampled_metrics
 from mmgpg.jsonl import finite_json, read_jsonl, write_jsonl_atomic, write_text_atomic
 from mmgpg.task import Task
 
@@ -32,8 +34,15 @@ def rescore_predictions(task: Task, path: str | Path, protocol: str, *, split: s
     skipped += len(unreadable)
     total = len(rows) + len(unreadable)
     counts = {"rows": total, "evaluated": total - skipped, "skipped": skipped, "parse_failures": parse_failures(records)}
-    return EvalReport(task.name, task.version, protocol, split, limit, metrics, records, counts,
-                      {"predictions": str(Path(path).resolve())})
+    source = {"predictions": str(Path(path).resolve())}
+    if is_sampled(rows):
+        source.update(decoding="sampled", samples=int(metrics.get("samples_per_problem", 0)))
+    return EvalReport(task.name, task.version, protocol, split, limit, metrics, records, counts, source)
+
+
+def is_sampled(rows: Sequence[Any]) -> bool:
+    """Whether a predictions file comes from sampled evaluation: its rows carry a ``sample`` index."""
+    return any(isinstance(r, dict) and "sample" in r for r in rows)
 
 
 def rescore(task: Task, rows: Sequence[dict[str, Any]], protocol: str, *,
@@ -41,13 +50,17 @@ def rescore(task: Task, rows: Sequence[dict[str, Any]], protocol: str, *,
     """Judge existing outputs without a model: each row needs ``id``, ``model_output`` and the fields of the task's
     ``example_from_record`` (``ground_truth``, and e.g. ``choices``/``category`` for CV-Bench). A row that cannot be
     judged (wrong types, a judge that fails on it, ...) is skipped and counted, never dropped silently: its record
-    holds the line, the id and the reason (``skipped``). ``lines`` are the rows' line numbers in the file."""
+    holds the line, the id and the reason (``skipped``). ``lines`` are the rows' line numbers in the file.
+
+    Rows with a ``sample`` index (sampled evaluation: several per id) are scored as
+    :func:`~mmgpg.evaluation.run.sampled_metrics` (pass@k over the ids); every row then needs one."""
     if not task.overrides("example_from_record"):
         raise ValueError(f"task {task.name!r} cannot re-score predictions: it has no example_from_record(record)")
+    sampled = is_sampled(rows)
     records, skipped = [], 0
     for number, row in zip(lines or range(1, len(rows) + 1), rows):
         try:
-            problem = prediction_row_problem(row, task)
+            problem = prediction_row_problem(row, task) or (sample_index_problem(row) if sampled else "")
             if problem:
                 raise ValueError(problem)
             example = task.example_from_record(row)
@@ -59,9 +72,22 @@ def rescore(task: Task, rows: Sequence[dict[str, Any]], protocol: str, *,
             continue
         records.append({**row, **judged})
     judged_records = [r for r in records if "skipped" not in r]
+    if sampled:
+        return sampled_metrics(task, judged_records) if judged_records else {}, records, skipped
     metrics = judged_metrics(task, judged_records)
     metrics["num_samples"] = float(len(judged_records))
     return metrics, records, skipped
+
+
+def sample_index_problem(row: dict[str, Any]) -> str:
+    """Why a row of a sampled predictions file has no usable ``sample`` index, or ``""``."""
+    sample = row.get("sample")
+    if "sample" not in row:
+        return ("sample is missing: the other rows of this file carry a sample index (sampled evaluation), so each "
+                "row needs one")
+    if not isinstance(sample, int) or isinstance(sample, bool) or sample < 0:
+        return f"sample must be an integer >= 0 (the sample's index within its problem); got {sample!r}"
+    return ""
 
 
 _SCALAR = (str, int, float)
@@ -99,7 +125,8 @@ def prediction_row_problem(row: Any, task: Task) -> str:
 
 def read_predictions(path: str | Path) -> tuple[list[Any], list[int], list[dict[str, Any]]]:
     """``(rows, their line numbers, skip records)`` of a predictions file. Lines that are not strict JSON (bad
-    syntax, NaN/Infinity, not UTF-8) become skip records; an empty file and duplicate ids are errors."""
+    syntax, NaN/Infinity, not UTF-8) become skip records; an empty file and duplicate ids are errors (in a sampled
+    file, rows with a ``sample`` index: duplicate ``(id, sample)`` pairs)."""
     read = read_jsonl(path, on_error="skip", strict=True)
     skips = [{"line": n, "id": None, "skipped": reason} for n, reason in read.skipped]
     if not read.rows and not skips:
@@ -107,12 +134,14 @@ def read_predictions(path: str | Path) -> tuple[list[Any], list[int], list[dict[
     seen: dict[Any, list[int]] = {}
     for number, row in zip(read.lines, read.rows):
         if isinstance(row, dict) and isinstance(row.get("id"), (str, int)):
-            seen.setdefault(str(row["id"]), []).append(number)
+            key = str(row["id"]) if "sample" not in row else f"{row['id']}, sample {row['sample']!r}"
+            seen.setdefault(key, []).append(number)
     dupes = {k: v for k, v in seen.items() if len(v) > 1}
     if dupes:
+        what = "(id, sample) pair(s)" if is_sampled(read.rows) else "id(s)"
         shown = "; ".join(f"{k!r} at lines {', '.join(map(str, v))}" for k, v in list(dupes.items())[:3])
-        raise ValueError(f"{path}: {len(dupes)} id(s) appear more than once ({shown}); each item must be judged "
-                         "once: remove the duplicate rows")
+        raise ValueError(f"{path}: {len(dupes)} {what} appear more than once ({shown}); each item (each sample of "
+                         "an item) must be judged once: remove the duplicate rows")
     return read.rows, read.lines, skips
 
 
@@ -136,3 +165,19 @@ def write_report(output: str | Path, report: EvalReport, config: dict[str, Any])
                      {"task": report.task, "task_version": report.task_version, "protocol": report.protocol,
                       "split": report.split, "limit": report.limit, "counts": report.counts, "config": config,
                       **report.source})
+
+
+def write_summary(output: str | Path, summary: dict[str, float], reports: Sequence[EvalReport]) -> None:
+    """``metrics.json`` of several benchmarks evaluated in one command (each in its own folder, ``<task>/``): the
+    :func:`~mmgpg.evaluation.run.benchmark_summary`, each benchmark's folder, version and counts, and how the outputs
+    were made (the first report's ``source``: one model and decoding for all)."""
+    output = Path(output)
+    output.mkdir(parents=True, exist_ok=True)
+    first = reports[0]
+    payload = {"metrics": summary,
+               "benchmarks": {r.task: {"dir": r.task, "task_version": r.task_version, "counts": r.counts}
+                              for r in reports},
+               "protocol": first.protocol, "split": first.split, "limit": first.limit, **first.source,
+               "written": time.strftime("%Y-%m-%d %H:%M:%S")}
+    write_text_atomic(output / "metrics.json", json.dumps(finite_json(payload), indent=2, default=str, allow_nan=False)
+                      + "\n")

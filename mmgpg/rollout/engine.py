@@ -39,14 +39,17 @@ ENGINES = Registry("rollout engine", "mmgpg.engines",
 class Sampling:
     """How to sample: every knob explicit (a checkpoint's generation_config never leaks in). ``temperature = 0`` is
     greedy decoding (evaluation). ``seed_key``: what identifies this draw, e.g. ``(seed, step, attempt, rank)``;
-    engines with per-request seeds (vLLM) seed prompt ``p`` with :func:`request_seed` ``(*seed_key, p)`` so a rollout
-    is reproducible and a resumed run draws the same completions. ``None``: the engine draws from torch's RNG."""
+    engines with per-request seeds (vLLM) seed prompt ``p`` with :func:`request_seed` ``(*seed_key, first_prompt + p)``
+    so a rollout is reproducible and a resumed run draws the same completions. ``None``: the engine draws from torch's
+    RNG. ``first_prompt``: the index of the call's first prompt in a longer stream (sampled evaluation seeds each
+    problem by its index in the split, so its samples do not depend on how the split is batched)."""
 
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     seed_key: tuple[int, ...] | None = None
+    first_prompt: int = 0
 
     @classmethod
     def from_config(cls, rollout) -> Sampling:

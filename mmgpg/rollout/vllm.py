@@ -9,13 +9,18 @@ Two modes, the same rollout:
   and images over loopback HTTP, and a sync writes the weights to a shared folder (``/dev/shm``) that the server
   reloads (:mod:`mmgpg.rollout.vllm_server`).
 
+It serves the Qwen-VL policies (:class:`mmgpg.models.qwen_vl.QwenVLPolicy`: vLLM's ``Qwen2VLForConditionalGeneration``
+/ ``Qwen2_5_VLForConditionalGeneration``) and the text policies (:class:`mmgpg.models.text.TextPolicy`, e.g.
+``tiny:qwen2``, Qwen2.5-Math, DeepSeek-R1-Distill-Qwen: vLLM's ``Qwen2ForCausalLM``; prompts without
+``multi_modal_data``). Weights travel under their Hugging Face names, which vLLM's ``load_weights`` maps itself.
+
 What makes it the same rollout as the Hugging Face engine: mmgpg renders the prompt text (chat template or raw
-prompt) and loads/resizes the images exactly as :meth:`mmgpg.models.qwen_vl.QwenVLPolicy.encode_prompts` does (vLLM's processor
-then sees images already within ``min_pixels``/``max_pixels``), and the prompt token ids vLLM reports are compared
-with mmgpg's encoding (an error if they differ); the prompt-length guard is the policy's. Every sampling knob is
-explicit, vision special tokens are excluded from sampling (``allowed_token_ids``), the completion mask ends at the
-first of any EOS id, and each prompt's seed is :func:`mmgpg.rollout.engine.request_seed` of ``Sampling.seed_key`` and
-its index. vLLM returns the log-prob of each sampled token (``CompletionBatch.sampled_logprobs``), which the trainer's
+prompt) and loads/resizes the images exactly as the policy's ``encode_prompts`` does (vLLM's processor then sees
+images already within ``min_pixels``/``max_pixels``), and the prompt token ids vLLM reports are compared with mmgpg's
+encoding (an error if they differ); the prompt-length guard is the policy's. Every sampling knob is explicit, the
+policy's ``suppressed_token_ids`` (Qwen-VL: the vision special tokens; a text policy: none) are excluded from sampling
+(``allowed_token_ids``), the completion mask ends at the first of any EOS id, and each prompt's seed is
+:func:`mmgpg.rollout.engine.request_seed` of ``Sampling.seed_key`` and its index. vLLM returns the log-prob of each sampled token (``CompletionBatch.sampled_logprobs``), which the trainer's
 post-sync check compares with its own (:mod:`mmgpg.rollout.check`).
 """
 
@@ -70,15 +75,18 @@ class VLLMEngine:
         prompt_len = policy.max_prompt_length or m.max_prompt_length
         self.max_model_len = r.vllm_max_model_len or prompt_len + r.max_new_tokens
         vocab = policy.model.get_output_embeddings().weight.shape[0]
-        vision = set(policy.vision_token_ids)
-        self.allowed = [i for i in range(vocab) if i not in vision]
+        suppressed = set(policy.suppressed_token_ids)
+        # None: nothing suppressed (a text policy), so vLLM needs no mask over the vocabulary
+        self.allowed = [i for i in range(vocab) if i not in suppressed] if suppressed else None
+        self.multimodal = bool(getattr(policy, "takes_images", True))
+        pixels = (policy.min_pixels, policy.max_pixels) if self.multimodal else (None, None)
         self._tmp: Path | None = None
         if r.vllm_server:
             from mmgpg.rollout.vllm_server import ServerClient
 
             self.core = ServerClient(r.vllm_server, timeout=r.vllm_server_timeout, sync_dir=r.vllm_sync_dir)
-            self.core.check_compatible(vocab_size=vocab, max_model_len=self.max_model_len,
-                                       min_pixels=policy.min_pixels, max_pixels=policy.max_pixels)
+            self.core.check_compatible(vocab_size=vocab, max_model_len=self.max_model_len, min_pixels=pixels[0],
+                                       max_pixels=pixels[1])
             # the server may have started from other weights: build_engine syncs the policy's before the first use
         else:
             from mmgpg.rollout.vllm_core import INSTALL_HINT, VLLMCore, import_vllm
@@ -97,22 +105,23 @@ class VLLMEngine:
             save_policy(policy, self._tmp)  # vLLM starts from exactly the policy's (merged) weights and processor
             self.core = VLLMCore(CoreSettings(
                 model=str(self._tmp), dtype=self.dtype, max_model_len=self.max_model_len, max_images=r.vllm_max_images,
-                min_pixels=policy.min_pixels, max_pixels=policy.max_pixels, seed=cfg.seed,
+                multimodal=self.multimodal, **({"min_pixels": pixels[0], "max_pixels": pixels[1]}
+                                               if self.multimodal else {}), seed=cfg.seed,
                 gpu_memory_utilization=r.vllm_gpu_memory_utilization, tensor_parallel_size=r.vllm_tensor_parallel_size,
                 sleep=r.vllm_sleep))
 
     @staticmethod
     def _check_family(policy: Policy) -> None:
-        """The engine renders images and excludes vision tokens the Qwen-VL way: text-only policies are refused (for
-        now) before anything is started."""
+        """The engine passes images the Qwen-VL way (resized PIL images as ``multi_modal_data``): a policy that takes
+        images but is not Qwen-VL is refused before anything is started. Text-only policies take no images."""
         from mmgpg.models import QWEN_VL_FAMILIES
         from mmgpg.typed import ConfigError, Problem
 
-        if policy.family not in QWEN_VL_FAMILIES:
+        if getattr(policy, "takes_images", True) and policy.family not in QWEN_VL_FAMILIES:
             raise ConfigError([Problem(
-                "rollout.engine", "vllm", f"The vLLM engine supports the vision-language families "
-                f"({', '.join(QWEN_VL_FAMILIES)}) only; this {policy.family} model is a text-only policy, which it "
-                "does not serve yet.", "use rollout.engine=hf (Hugging Face generate) for text models.")])
+                "rollout.engine", "vllm", f"The vLLM engine passes images the Qwen-VL way and serves the "
+                f"vision-language families {', '.join(QWEN_VL_FAMILIES)} and text-only policies; this {policy.family} "
+                "model takes images some other way.", "use rollout.engine=hf (Hugging Face generate) for it.")])
 
     @staticmethod
     def _check_settings(r, policy: Policy) -> None:
@@ -143,7 +152,7 @@ class VLLMEngine:
         key = sampling.seed_key
         if key is None and sampling.temperature > 0:
             key = (int(torch.randint(0, 2**62, ())),)  # like HF sampling: drawn from torch's RNG
-        requests = [Request(text, images, group_size, None if key is None else request_seed(*key, p))
+        requests = [Request(text, images, group_size, None if key is None else request_seed(*key, sampling.first_prompt + p))
                     for p, (text, images) in enumerate(zip(batch.texts, batch.prompt_images()))]
         knobs = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
                  "top_p": sampling.top_p, "top_k": sampling.top_k}
@@ -164,7 +173,7 @@ class VLLMEngine:
         for i, lp in enumerate(lp for res in results for lp in res.logprobs):
             n = int(mask[i].sum())
             logprobs[i, :n] = torch.tensor(lp[:n], dtype=torch.float32)
-        policy.check_no_vision_tokens(ids, mask)
+        policy.check_completions(ids, mask)  # Qwen-VL: no vision special token was sampled
         texts = policy.processor.batch_decode(ids, skip_special_tokens=True)
         return CompletionBatch(prompts=batch, group_size=group_size, completion_ids=ids, completion_mask=mask,
                                texts=texts, sampled_logprobs=logprobs)

@@ -5,7 +5,7 @@ Hugging Face engine's. Runs where ``vllm`` is installed: inside the trainer (col
 Facts this module relies on (vLLM 0.32, measured on CPU; docs/install.md, "vLLM"):
 
 - ``logprobs_mode="processed_logprobs"``: the returned log-prob of a sampled token is taken after temperature and
-  the ``allowed_token_ids`` mask, i.e. from the distribution :meth:`mmgpg.models.qwen_vl.QwenVLPolicy.completion_logprobs` scores
+  the ``allowed_token_ids`` mask, i.e. from the distribution the policy's ``completion_logprobs`` scores
   (the default ``raw_logprobs`` ignores both: 0.39 nats off at T=0.7).
 - ``generation_config="vllm"``: a checkpoint's ``generation_config.json`` cannot change sampling defaults.
 - CPU: ``enforce_eager=True`` and ``enable_chunked_prefill=False`` (seeded sampling with chunked prefill crashes:
@@ -45,6 +45,7 @@ class CoreSettings:
     dtype: str = "float32"
     max_model_len: int = 2048
     max_images: int = 4
+    multimodal: bool = True  # False: a text-only model (no image limits, no processor settings)
     min_pixels: int = 3136
     max_pixels: int = 401408
     seed: int = 0
@@ -85,10 +86,11 @@ class VLLMCore:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.cpu_kv_cache_gb))
         kwargs: dict[str, Any] = dict(
             model=s.model, dtype=s.dtype, max_model_len=s.max_model_len, seed=s.seed,
-            limit_mm_per_prompt={"image": s.max_images, "video": 0},
-            mm_processor_kwargs={"min_pixels": s.min_pixels, "max_pixels": s.max_pixels},
             generation_config="vllm", logprobs_mode="processed_logprobs", trust_remote_code=False,
             tensor_parallel_size=s.tensor_parallel_size, max_num_seqs=s.max_num_seqs)
+        if s.multimodal:
+            kwargs.update(limit_mm_per_prompt={"image": s.max_images, "video": 0},
+                          mm_processor_kwargs={"min_pixels": s.min_pixels, "max_pixels": s.max_pixels})
         if self.on_cpu:
             kwargs.update(enforce_eager=True, enable_chunked_prefill=False,
                           max_num_batched_tokens=max(8192, s.max_model_len))
@@ -103,9 +105,10 @@ class VLLMCore:
         return self.llm.llm_engine.model_config.get_vocab_size()
 
     def generate(self, requests: Sequence[Request], sampling: dict[str, Any], *, stop_token_ids: list[int],
-                 allowed_token_ids: list[int]) -> list[Result]:
+                 allowed_token_ids: list[int] | None) -> list[Result]:
         """Completions for every request. ``sampling``: max_new_tokens, temperature (0 = greedy), top_p, top_k —
-        every other knob is pinned to its neutral value here."""
+        every other knob is pinned to its neutral value here. ``allowed_token_ids``: the tokens that may be sampled
+        (None: all of them). A request without images is sent without ``multi_modal_data``."""
         self.wake()
         greedy = float(sampling["temperature"]) == 0.0
         prompts, params = [], []
@@ -119,7 +122,8 @@ class VLLMCore:
                 seed=r.seed, logprobs=0, max_tokens=int(sampling["max_new_tokens"]),
                 # ignore_eos: only the policy's EOS ids stop a completion (as in HF generate), not also the
                 # tokenizer's own eos_token_id
-                stop_token_ids=list(stop_token_ids), ignore_eos=True, allowed_token_ids=list(allowed_token_ids),
+                stop_token_ids=list(stop_token_ids), ignore_eos=True,
+                allowed_token_ids=None if allowed_token_ids is None else list(allowed_token_ids),
                 skip_special_tokens=True))
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         results = []

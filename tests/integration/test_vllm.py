@@ -291,3 +291,123 @@ def test_eval_with_the_vllm_engine_equals_hf(tmp_path):
         assert json.loads((out / "metrics.json").read_text())["engine"] == engine
     assert len(outs["vllm"]) == 12
     assert [p["model_output"] for p in outs["vllm"]] == [p["model_output"] for p in outs["hf"]]
+
+
+# ---- text-only policies (tiny:qwen2 → vLLM's Qwen2ForCausalLM) ----------------------------------------------------
+
+TEXT_MODEL = ["model.name_or_path=tiny:qwen2", "model.dtype=float32", "model.max_prompt_length=1024"]
+
+
+def text_conversations(n: int = 20) -> list[list[dict]]:
+    """``n`` text prompts of 1 to 7 repeated words (different lengths: left padding in the batched HF reference)."""
+    return [[{"role": "user", "content": " ".join([f"word{k}"] * (k % 7 + 1)) + "?"}] for k in range(n)]
+
+
+@pytest.fixture(scope="module")
+def text_engine(tiny_text_dir):
+    policy = load_policy(str(tiny_text_dir), dtype="float32", device="cpu", max_prompt_length=1024)
+    eng = build_engine("vllm", policy, resolve([*TEXT_MODEL, "rollout.max_new_tokens=24"]).config)
+    yield eng
+    eng.close()
+
+
+def test_text_policy_greedy_equals_hf(text_engine):
+    convs = text_conversations()
+    got = text_engine.generate(convs, 1, Sampling.greedy(24))
+    assert _vllm_ids(got) == _hf_greedy(text_engine.policy, convs)
+    hf = build_engine("hf", text_engine.policy, resolve(TEXT_MODEL).config).generate(convs, 1, Sampling.greedy(24))
+    assert got.texts == hf.texts  # batched and left-padded: the same texts
+
+
+def test_text_policy_logprobs_agree_before_and_after_a_sync(text_engine):
+    """The sampled tokens' log-probs equal the trainer's (T = 1 and 0.7); after a weight change they do not until a
+    sync (the weights' Hugging Face names reach vLLM's Qwen2ForCausalLM), then they do again."""
+    policy, convs = text_engine.policy, text_conversations(12)
+    for temperature in (1.0, 0.7):
+        out = text_engine.generate(convs, 4, Sampling(24, temperature, seed_key=(1, 2)))
+        diff = _logprob_diff(policy, out, temperature)
+        assert diff.numel() > 500 and diff.max() <= TOKEN_TOL and diff.mean() <= MEAN_TOL, (diff.max(), diff.mean())
+    saved = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    try:
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in policy.model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        stale = _logprob_diff(policy, text_engine.generate(convs, 2, Sampling(16, seed_key=(9,))))
+        assert stale.mean() > 100 * MEAN_TOL
+        text_engine.sync_weights(policy_weights(policy.model))
+        fresh = _logprob_diff(policy, text_engine.generate(convs, 2, Sampling(16, seed_key=(9,))))
+        assert fresh.max() <= TOKEN_TOL and fresh.mean() <= MEAN_TOL, (fresh.max(), fresh.mean())
+    finally:
+        policy.model.load_state_dict(saved)
+        text_engine.sync_weights(policy_weights(policy.model))
+
+
+TEXT_TRAIN = [*TEXT_MODEL, f"task={FIXTURES}:TextParity", "rollout.engine=vllm", "rollout.group_size=4",
+              "rollout.max_new_tokens=12", "train.prompts_per_step=4", "train.micro_batch_prompts=2",
+              "train.learning_rate=1e-3", "train.progress=false", "train.tensorboard=false"]
+
+
+def test_text_policy_trains_with_vllm_and_the_check_fires_when_sync_is_skipped(tmp_path):
+    from mmgpg.train.trainer import Trainer
+
+    trainer = Trainer(resolve([*TEXT_TRAIN, "train.max_steps=10"]), run_dir=tmp_path / "run")
+    try:
+        first, second = trainer.train_step(), trainer.train_step()
+        assert first["grad_norm"] > 0, "the first step must change the weights"
+        for m in (first, second):  # second: sampled by vLLM after the first GPG update + sync
+            assert m["rollout/logprob_diff_max"] <= TOKEN_TOL and m["rollout/logprob_diff_mean"] <= MEAN_TOL, m
+        trainer.engine.sync_weights = lambda weights: None  # the breakage: this step's update is not synced
+        trainer.train_step()
+        with pytest.raises(LogprobMismatchError, match="sync was skipped"):
+            trainer.train_step()
+    finally:
+        trainer.engine.close()
+
+
+def test_sampled_eval_of_a_text_task_with_vllm_is_seeded_per_problem(tmp_path):
+    """`mmgpg eval --engine vllm --samples 2` (top_p 0.95, the authors' setting): one row per sample, and the same
+    samples whatever the batching (each problem is seeded by its index in the split)."""
+    rows = {}
+    for batch in (8, 2):
+        out = tmp_path / f"b{batch}"
+        _cli("eval", "--task", f"{FIXTURES}:TextParityCoin", "--ckpt", "tiny:qwen2", *TEXT_MODEL, "--engine", "vllm",
+             "--samples", "2", "--limit", "5", "--batch-size", str(batch), "--max-new-tokens", "12", "--output",
+             str(out))
+        rows[batch] = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+        meta = json.loads((out / "metrics.json").read_text())
+        assert meta["engine"] == "vllm" and meta["top_p"] == 0.95 and meta["metrics"]["num_samples"] == 10
+    assert [r["sample"] for r in rows[8]] == [0, 1] * 5
+    assert [r["model_output"] for r in rows[8]] == [r["model_output"] for r in rows[2]]
+    assert any(a["model_output"] != b["model_output"] for a, b in zip(rows[8][::2], rows[8][1::2]))
+
+
+@pytest.mark.slow
+def test_text_server_mode_same_rollouts_and_sync(tiny_text_dir, tiny_dirs):
+    """`mmgpg vllm-serve --model <a text model>`: the same greedy rollouts as HF, log-probs that follow a sync, and a
+    vision-language policy refused by the text server."""
+    proc = subprocess.Popen([sys.executable, "-m", "mmgpg", "vllm-serve", "--model", str(tiny_text_dir), "--port", "0",
+                             "--max-model-len", "1048"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        url = next((line.split()[4] for line in proc.stdout if line.startswith("mmgpg vllm-serve: ready at ")), None)
+        assert url, f"the server did not start (exit {proc.poll()})"
+        policy = load_policy(str(tiny_text_dir), dtype="float32", device="cpu", max_prompt_length=1024)
+        server = [*TEXT_MODEL, "rollout.engine=vllm", f"rollout.vllm_server={url}", "rollout.vllm_server_timeout=60",
+                  "rollout.max_new_tokens=24"]
+        eng = build_engine("vllm", policy, resolve(server).config)
+        convs = text_conversations(8)
+        assert _vllm_ids(eng.generate(convs, 1, Sampling.greedy(24))) == _hf_greedy(policy, convs)
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in policy.model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        eng.sync_weights(policy_weights(policy.model))
+        diff = _logprob_diff(policy, eng.generate(convs, 4, Sampling(16, seed_key=(3,))))
+        assert diff.max() <= TOKEN_TOL and diff.mean() <= MEAN_TOL, (diff.max(), diff.mean())
+        eng.close()
+        with pytest.raises(ValueError, match="the server holds a text-only model and this policy is vision-language"):
+            build_engine("vllm", _policy(tiny_dirs["qwen2_vl"]), _config(*server[3:]))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -111,3 +111,20 @@ class TextParity(Task):
 
     def gold_completion(self, example: Example) -> str:
         return f"<answer>{example.answer}</answer>"
+
+    def example_from_record(self, record: dict) -> Example:
+        """``mmgpg eval --predictions``: a row's question and ground truth (the default ``record_fields``)."""
+        return Example(id=str(record["id"]), images=[], answer=str(record["ground_truth"]),
+                       question=str(record.get("question", "")))
+
+
+@dataclass
+class TextParityCoin(TextParity):
+    """:class:`TextParity` prompts whose ``accuracy`` is the length-parity coin: a random-init model is right about
+    half the time, so sampled evaluation has problems with some, all and no samples correct (pass@k is not 0)."""
+
+    name: ClassVar[str] = "text_parity_coin"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.rewards = {"accuracy": self.rewards["length_parity"]}

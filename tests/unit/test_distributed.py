@@ -207,11 +207,13 @@ def test_mmgpg_train_under_torchrun(tmp_path):
 
 
 @pytest.mark.distributed
-def test_mmgpg_eval_under_torchrun_equals_one_process(tmp_path):
+@pytest.mark.parametrize("sampling", [[], ["--samples", "3", "--temperature", "1.0"]], ids=["greedy", "sampled"])
+def test_mmgpg_eval_under_torchrun_equals_one_process(tmp_path, sampling):
     """`mmgpg eval` under torchrun splits the items' batches over the ranks and gathers the judgements: the same
-    predictions.jsonl (same order, same outputs) and metrics as one process."""
+    predictions.jsonl (same order, same outputs) and metrics as one process. Sampled (HF engine): each batch is
+    seeded by its index, so the samples do not depend on the world size either."""
     args = ["-m", "mmgpg", "eval", "--task", f"{FIXTURE_TASKS}:ParityShapes", "--ckpt", "tiny", "--limit", "7",
-            "--batch-size", "2", "--max-new-tokens", "8", "--split", "test"]
+            "--batch-size", "2", "--max-new-tokens", "8", "--split", "test", *sampling]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, *args, "--output", str(tmp_path / "one")], capture_output=True, text=True,
                          timeout=600, env=env)
@@ -220,7 +222,7 @@ def test_mmgpg_eval_under_torchrun_equals_one_process(tmp_path):
                           *args, "--output", str(tmp_path / "two")], capture_output=True, text=True, timeout=600, env=env)
     assert two.returncode == 0, two.stdout + two.stderr
     a, b = ((tmp_path / d / "predictions.jsonl").read_text() for d in ("one", "two"))
-    assert a == b and len(a.splitlines()) == 7
+    assert a == b and len(a.splitlines()) == 7 * (3 if sampling else 1)
     ma, mb = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
     assert ma["metrics"] == mb["metrics"] and ma["counts"] == mb["counts"]
     assert two.stdout.count("wrote ") == 1  # rank 0 writes and prints
