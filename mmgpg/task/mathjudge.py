@@ -114,7 +114,45 @@ def _job_lighteval_match(pred: str, gold: str, kind: str) -> tuple[bool, str]:
     golds = _cached(("lighteval", kind, gold), lambda: parse(gold, extraction_config=gold_config, **modes)) or [gold]
     preds = parse(pred, extraction_config=[ExprExtractionConfig(), LatexExtractionConfig(boxed_match_priority=0)],
                   **modes)
-    return (bool(preds) and bool(verify(golds, preds, float_rounding=5, timeout_seconds=5))), _last_str(preds)
+    correct = any(not _lighteval_differs(g, p) and verify(g, p, float_rounding=5, timeout_seconds=5)
+                  for g in golds for p in preds)
+    return bool(correct), _last_str(preds)
+
+
+def _percent_of(expr: Any, atomic: type) -> bool:
+    """``expr`` is latex2sympy's percentage ``X · UnevaluatedExpr(1/100)`` of an ``atomic`` number ``X``."""
+    from sympy import Mul, Rational, UnevaluatedExpr
+
+    return (isinstance(expr, Mul) and len(expr.args) == 2 and expr.args[1] == UnevaluatedExpr(Rational(1, 100))
+            and isinstance(expr.args[0], atomic))
+
+
+def _lighteval_differs(gold: Any, pred: Any) -> bool:
+    """The two pairs that math-verify 0.9's ``verify`` calls equal and lighteval 0.13's comparison (the code
+    lighteval's extractive match runs) does not, found by the differential test against lighteval itself:
+
+    * an integer and a percentage of an integer (``9`` vs ``9\\%``): math-verify compares the percentage's number,
+      lighteval the values (9 ≠ 0.09);
+    * a float and an expression that is not a plain number (``7.0710678`` vs ``5\\sqrt{2}``): math-verify rounds
+      both to 5 decimals, lighteval rounds only two numbers and otherwise requires symbolic equality.
+    """
+    from sympy import Basic, Eq, Float, Integer, Number, Symbol
+
+    if not (isinstance(gold, Basic) and isinstance(pred, Basic)):
+        return False
+    # both compare the value of an assignment (``y = 57``) with a number
+    gold, pred = (e.rhs if isinstance(e, Eq) and isinstance(e.lhs, Symbol) else e for e in (gold, pred))
+    for a, b in ((gold, pred), (pred, gold)):
+        if _percent_of(a, Integer) and isinstance(b, Integer) and a.doit() != b:
+            return True
+        if (isinstance(a, Float) or _percent_of(a, Float)) and not isinstance(b, Number) and not _percent_of(b, Number):
+            try:
+                value = b.doit()
+            except Exception:  # noqa: BLE001 - what cannot be evaluated is not a number either
+                return True
+            if not isinstance(value, Number):
+                return True
+    return False
 
 
 def _r1_gold(solution: str, gold_mode: str):
