@@ -308,10 +308,14 @@ class _MathTask(JudgedTask):
 
     categories: ClassVar[tuple[str, ...]] = ()
 
+    def system_text(self) -> str:
+        """The system prompt (none for the benchmarks: lighteval's chat template holds the user message only)."""
+        return ""
+
     def prompt(self, example: Example) -> list[dict]:
         if example.meta.get("raw_prompt"):
             return [{"role": "raw", "content": example.question}]
-        system = example.meta.get("system")
+        system = self.system_text()
         return ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": example.question}]
 
@@ -402,8 +406,7 @@ class MathTask(_MathTask):
         fns = self.reward_fns(self.reward_protocol)
         self.rewards = {name: _weighted(fns[name], w) for name, w in self.selected.items()}
 
-    @property
-    def system(self) -> str:
+    def system_text(self) -> str:
         name = TRAIN_SETS[self.dataset].system if self.system_prompt == "recipe" else self.system_prompt
         return SYSTEM_PROMPTS.get(name, name)
 
@@ -457,8 +460,7 @@ class MathTask(_MathTask):
             answer = row.get("answer")
             gold_answer = gold_text(answer, what, rid) if answer is not None else (last_boxed(solution) or "")
             ex = Example(id=f"math-{self.dataset}-{index}", images=[], question=row["problem"], answer=solution,
-                         meta={"system": self.system, "gold_mode": "solution", "gold_answer": gold_answer,
-                               "kind": "latex"})
+                         meta={"gold_mode": "solution", "gold_answer": gold_answer, "kind": "latex"})
         if self.reward_protocol == "strict":
             if not ex.meta["gold_answer"] or not mathjudge.latex_parses(ex.meta["gold_answer"])[0]:
                 raise DataError(f"{what}: record {rid!r}: no gold answer that parses as LaTeX "
