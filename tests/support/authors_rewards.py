@@ -4,8 +4,9 @@ are executed, with the file's own imports of ``math``, ``re``, ``math_verify`` a
 fresh namespace. Only those functions are taken: the rest of each file (code sandboxes, their ``.utils`` package)
 needs services the math rewards never use.
 
-``MMGPG_GPG_MIRROR`` is a bare git clone of github.com/AMAP-ML/GPG (default ``/work/.mirror/AMAP-ML+GPG/repo``);
-:func:`load` returns None when it is not there."""
+``MMGPG_GPG_MIRROR`` is a git clone of github.com/AMAP-ML/GPG (bare or not; default ``.gpg-mirror`` in the
+repository, ignored by git: ``git clone --bare https://github.com/AMAP-ML/GPG .gpg-mirror``); :func:`load` returns
+None when it is not there."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-DEFAULT_MIRROR = "/work/.mirror/AMAP-ML+GPG/repo"
+DEFAULT_MIRROR = Path(__file__).resolve().parents[2] / ".gpg-mirror"
 MODULES = {"math", "re", "typing", "math_verify", "latex2sympy2_extended"}
 
 
@@ -28,7 +29,8 @@ def source(path: str) -> str | None:
     repo = mirror()
     if repo is None:
         return None
-    out = subprocess.run(["git", f"--git-dir={repo}", "show", f"HEAD:{path}"], capture_output=True, text=True,
+    git_dir = repo / ".git" if (repo / ".git").exists() else repo
+    out = subprocess.run(["git", f"--git-dir={git_dir}", "show", f"HEAD:{path}"], capture_output=True, text=True,
                          timeout=60)
     return out.stdout if out.returncode == 0 else None
 

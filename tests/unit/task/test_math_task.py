@@ -196,7 +196,8 @@ def test_missing_data_says_how_to_get_it(monkeypatch, tmp_path):
 def authors(path, names):
     functions = load(path, names)
     if functions is None:
-        pytest.skip("no mirror of the GPG authors' repository (set MMGPG_GPG_MIRROR to a bare clone of AMAP-ML/GPG)")
+        pytest.skip("no clone of the GPG authors' repository: `git clone --bare https://github.com/AMAP-ML/GPG "
+                    ".gpg-mirror` or set MMGPG_GPG_MIRROR to one")
     return functions
 
 
