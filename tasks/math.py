@@ -21,6 +21,10 @@ schema overrides the dataset's default source):
   GPG-RS1/RS3/7B recipes (``GPG:open-rs/recipes/gpg.yaml``: open-s1): system prompt ``open_rs``, rewards
   ``[format, cosine]`` weights ``[1.0, 2.0]``.
 
+The ``test`` split (``train.eval_split``, ``mmgpg eval --task math``) is ``task.test_data`` or the dataset's own test
+split (MATH-lighteval's hub test split, SimpleRL-Zoo's ``test.parquet``; open-rs and open-s1 have none), judged like
+MATH-500.
+
 Prompts: ``[system, user(problem)]`` as ``make_conversation`` builds them (``GPG:open-rs/src/open_r1/gpg.py:183-190``);
 ``system_prompt`` is ``recipe`` (the dataset's recipe preset), a preset name (:data:`SYSTEM_PROMPTS`), ``none``, or a
 literal string. The benchmarks use the user message only: ``MATH_QUERY_TEMPLATE`` with the problem
@@ -358,12 +362,15 @@ class MathTask(_MathTask):
 
     name: ClassVar[str] = "math"
     version: ClassVar[str] = "1"
-    splits: ClassVar[tuple[str, ...]] = ("train",)
+    splits: ClassVar[tuple[str, ...]] = ("train", "test")
 
     dataset: str = "open_s1"
     """Training set: math_lighteval, simplelr_level3to5, open_rs or open_s1 (chooses the recipe's defaults)."""
     train_data: str = ""
     """A hub dataset id or a local file/directory in the dataset's schema; empty = the dataset's hub source."""
+    test_data: str = ""
+    """Test split (train.eval_split=test) in the training schema; empty = the dataset's own test split
+    (math_lighteval: the hub test split; simplelr_level3to5: test.parquet; open_rs/open_s1 have none)."""
     system_prompt: str = "recipe"
     """`recipe` (the dataset's recipe), a preset (open_rs, simple_rl, simple_rl_think, none) or a literal prompt."""
     reward_funcs: list[str] = field(default_factory=list)
@@ -439,19 +446,24 @@ class MathTask(_MathTask):
 
     def source_rows(self, split: str):
         recipe = TRAIN_SETS[self.dataset]
-        what = f"math training data ({self.dataset})"
-        get = how_to_get(recipe.hub, "train", self.dataset, "task.train_data", recipe.data_files)
-        if self.train_data or not recipe.data_files:
-            return load_records(self.train_data or recipe.hub, split="train", what=what, how_to_get=get)
-        return load_hub_file(recipe.hub, recipe.data_files, what=what, how_to_get=get)
+        option, given = ("task.train_data", self.train_data) if split == "train" else ("task.test_data", self.test_data)
+        what = f"math {split} data ({self.dataset})"
+        files = recipe.data_files.replace("train.parquet", f"{split}.parquet")
+        get = how_to_get(recipe.hub, split, self.dataset, option, files)
+        if not given and split == "test" and self.dataset in ("open_rs", "open_s1"):
+            raise DataNotFound(f"{self.dataset} has no test split: set task.test_data to a file in its schema "
+                               "(problem, solution), or evaluate with a benchmark task (mmgpg eval --task math_500)")
+        if given or not files:
+            return load_records(given or recipe.hub, split=split, what=what, how_to_get=get)
+        return load_hub_file(recipe.hub, files, what=what, how_to_get=get)
 
     def example(self, split: str, index: int, row: dict) -> Example:
         recipe = TRAIN_SETS[self.dataset]
-        what = f"math training data ({self.dataset})"
+        what = f"math {split} data ({self.dataset})"
         rid = row.get("id", row.get("unique_id", index))
         if recipe.schema == "simplelr":
             prompt, gold = simplelr_fields(row, what)
-            ex = Example(id=f"math-{self.dataset}-{index}", images=[], question=prompt, answer=gold,
+            ex = Example(id=f"math-{self.dataset}-{split}-{index}", images=[], question=prompt, answer=gold,
                          meta={"raw_prompt": True, "gold_mode": "boxed_answer", "gold_answer": gold,
                                "kind": "latex"})
         else:
@@ -459,7 +471,8 @@ class MathTask(_MathTask):
             solution = row["solution"]
             answer = row.get("answer")
             gold_answer = gold_text(answer, what, rid) if answer is not None else (last_boxed(solution) or "")
-            ex = Example(id=f"math-{self.dataset}-{index}", images=[], question=row["problem"], answer=solution,
+            ex = Example(id=f"math-{self.dataset}-{split}-{index}", images=[], question=row["problem"],
+                         answer=solution,
                          meta={"gold_mode": "solution", "gold_answer": gold_answer, "kind": "latex"})
         if self.reward_protocol == "strict":
             if not ex.meta["gold_answer"] or not mathjudge.latex_parses(ex.meta["gold_answer"])[0]:

@@ -190,6 +190,22 @@ def test_missing_data_says_how_to_get_it(monkeypatch, tmp_path):
         simple.load("train")[0]
 
 
+def test_the_training_task_test_split(monkeypatch):
+    task = math_task(dataset="math_lighteval", test_data=TRAIN)
+    ex = task.load("test")[0]  # gold solution "Multiplying, $5 \\times 6 = \\boxed{30}$."
+    assert ex.id == "math-math_lighteval-test-0"
+    for protocol in ("paper", "strict"):
+        assert task.judge("So $\\boxed{30}$.", ex, protocol).correct == 1.0
+        assert task.judge("So $\\boxed{31}$.", ex, protocol).correct == 0.0
+    simple = math_task(dataset="simplelr_level3to5", test_data=str(DATA / "simplelr_train.jsonl"))
+    assert simple.judge("So $\\boxed{30}$.", simple.load("test")[0], "paper").correct == 1.0  # gold "$30$"
+    with pytest.raises(DataNotFound, match="open_s1 has no test split: set task.test_data"):
+        math_task().load("test")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataNotFound, match="simplelr_qwen_level3to5/test.parquet"):
+        build_task("math", {"dataset": "simplelr_level3to5"}).load("test")
+
+
 # ---- the paper rewards against the authors' own functions -----------------------------------------------------------
 
 
