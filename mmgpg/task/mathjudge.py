@@ -19,6 +19,11 @@ Jobs (run in the worker; every result is plain Python data — booleans and stri
 * ``choice(response, choices, letter)`` — the CV-Bench judge: ``parse`` with LaTeX, expression and string extraction
   (the letters A–F in four spellings and the option texts), then ``verify`` against the right letter and option text.
 * ``latex_equal(pred, gold)`` — both sides wrapped as ``$…$`` LaTeX, for the ``strict`` GEOQA protocol.
+* ``latex_parses(text)`` — whether ``$text$`` parses as LaTeX (the ``strict`` math tasks' gold check).
+* ``lighteval_match(pred, gold, kind)`` — lighteval's extractive match as the GPG authors' evaluate.py configures it
+  (the ``paper`` judge of the math benchmarks).
+* ``r1_gold(solution, mode)``, ``r1_answer(content, solution, mode, boxed)`` — the GPG authors' math training rewards'
+  gold parse and answer check (``GPG:open-rs/src/open_r1/rewards.py:22-67``).
 """
 
 from __future__ import annotations
@@ -94,7 +99,111 @@ def _gold_default(gold: str):
     return _GOLD_CACHE[gold]
 
 
-_JOBS = {"parse_verify": _job_parse_verify, "choice": _job_choice, "latex_equal": _job_latex_equal}
+def _job_latex_parses(text: str) -> tuple[bool, str]:
+    from math_verify import LatexExtractionConfig, parse
+
+    parsed = parse(f"${text}$", extraction_config=[LatexExtractionConfig()])
+    return bool(parsed), _first_str(parsed)
+
+
+def _job_lighteval_match(pred: str, gold: str, kind: str) -> tuple[bool, str]:
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    modes = {"fallback_mode": "first_match", "extraction_mode": "any_match", "parsing_timeout": 5}
+    gold_config = [LatexExtractionConfig()] if kind == "latex" else [ExprExtractionConfig()]
+    golds = _cached(("lighteval", kind, gold), lambda: parse(gold, extraction_config=gold_config, **modes)) or [gold]
+    preds = parse(pred, extraction_config=[ExprExtractionConfig(), LatexExtractionConfig(boxed_match_priority=0)],
+                  **modes)
+    correct = any(not _lighteval_differs(g, p) and verify(g, p, float_rounding=5, timeout_seconds=5)
+                  for g in golds for p in preds)
+    return bool(correct), _last_str(preds)
+
+
+def _percent_of(expr: Any, atomic: type) -> bool:
+    """``expr`` is latex2sympy's percentage ``X · UnevaluatedExpr(1/100)`` of an ``atomic`` number ``X``."""
+    from sympy import Mul, Rational, UnevaluatedExpr
+
+    return (isinstance(expr, Mul) and len(expr.args) == 2 and expr.args[1] == UnevaluatedExpr(Rational(1, 100))
+            and isinstance(expr.args[0], atomic))
+
+
+def _lighteval_differs(gold: Any, pred: Any) -> bool:
+    """The two pairs that math-verify 0.9's ``verify`` calls equal and lighteval 0.13's comparison (the code
+    lighteval's extractive match runs) does not, found by the differential test against lighteval itself:
+
+    * an integer and a percentage of an integer (``9`` vs ``9\\%``): math-verify compares the percentage's number,
+      lighteval the values (9 ≠ 0.09);
+    * a float and an expression that is not a plain number (``7.0710678`` vs ``5\\sqrt{2}``): math-verify rounds
+      both to 5 decimals, lighteval rounds only two numbers and otherwise requires symbolic equality.
+    """
+    from sympy import Basic, Eq, Float, Integer, Number, Symbol
+
+    if not (isinstance(gold, Basic) and isinstance(pred, Basic)):
+        return False
+    # both compare the value of an assignment (``y = 57``) with a number
+    gold, pred = (e.rhs if isinstance(e, Eq) and isinstance(e.lhs, Symbol) else e for e in (gold, pred))
+    for a, b in ((gold, pred), (pred, gold)):
+        if _percent_of(a, Integer) and isinstance(b, Integer) and a.doit() != b:
+            return True
+        if (isinstance(a, Float) or _percent_of(a, Float)) and not isinstance(b, Number) and not _percent_of(b, Number):
+            try:
+                value = b.doit()
+            except Exception:  # noqa: BLE001 - what cannot be evaluated is not a number either
+                return True
+            if not isinstance(value, Number):
+                return True
+    return False
+
+
+def _r1_gold(solution: str, gold_mode: str):
+    from math_verify import LatexExtractionConfig, parse
+
+    if gold_mode == "boxed_answer":
+        # accuracy_reward_lv35's "$\\\\boxed{}$".format(sol): two backslashes and the answer without braces
+        return _cached(("r1", gold_mode, solution),
+                       lambda: parse(f"$\\\\boxed{solution}$", extraction_mode="first_match"))
+    return _cached(("r1", gold_mode, solution),
+                   lambda: parse(solution, extraction_mode="first_match", extraction_config=[LatexExtractionConfig()]))
+
+
+def _job_r1_gold(solution: str, gold_mode: str) -> tuple[bool, str]:
+    gold = _r1_gold(solution, gold_mode)
+    return bool(gold), _first_str(gold)
+
+
+def _job_r1_answer(content: str, solution: str, gold_mode: str, boxed: Any) -> tuple[bool, str]:
+    from latex2sympy2_extended import NormalizationConfig
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    gold = _r1_gold(solution, gold_mode)
+    normalization = NormalizationConfig(nits=False, malformed_operators=False, basic_latex=True, equations=True,
+                                        boxed=boxed, units=True)
+    answer = parse(content, extraction_config=[LatexExtractionConfig(normalization_config=normalization,
+                                                                     boxed_match_priority=0,
+                                                                     try_extract_without_anchor=False)],
+                   extraction_mode="first_match")
+    return bool(verify(answer, gold)), _first_str(answer)  # (answer, gold): their argument order, kept
+
+
+def _last_str(parsed: list) -> str:
+    return str(parsed[-1]) if parsed else ""
+
+
+_CACHE: dict[Any, Any] = {}
+
+
+def _cached(key, make):
+    """Gold answers repeat G times per group: parse each once per worker."""
+    if key not in _CACHE:
+        if len(_CACHE) > 50_000:
+            _CACHE.clear()
+        _CACHE[key] = make()
+    return _CACHE[key]
+
+
+_JOBS = {"parse_verify": _job_parse_verify, "choice": _job_choice, "latex_equal": _job_latex_equal,
+         "latex_parses": _job_latex_parses, "lighteval_match": _job_lighteval_match, "r1_gold": _job_r1_gold,
+         "r1_answer": _job_r1_answer}
 
 
 def _serve(read_fd: int, write_fd: int) -> None:
@@ -109,6 +218,8 @@ def _serve(read_fd: int, write_fd: int) -> None:
     import math_verify  # noqa: F401 - imported before "ready", so start-up time never counts against a call
 
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)  # it logs whole inputs on timeouts
+    # latex2sympy2_extended warns on every parse with the authors' NormalizationConfig(equations=True)
+    logging.getLogger("latex2sympy2_extended").setLevel(logging.ERROR)
 
     replies.send("ready")
     while True:
@@ -245,6 +356,37 @@ def choice(response: str, choices: list[str], letter: str) -> tuple[bool, str]:
 def latex_equal(pred: str, gold: str) -> tuple[bool, str]:
     """Both sides parsed as LaTeX (``$…$``) and compared by math-verify; an empty side is never equal."""
     return worker().run("latex_equal", [(as_text(pred), as_text(gold))])[0]
+
+
+def latex_parses(text: str) -> tuple[bool, str]:
+    """Whether ``$text$`` parses as LaTeX (math-verify's LaTeX extraction finds something), and what it read."""
+    return worker().run("latex_parses", [(as_text(text),)])[0]
+
+
+def lighteval_match(pred: str, gold: str, kind: str) -> tuple[bool, str]:
+    """lighteval's extractive match as the GPG authors' evaluate.py configures it (``kind``: ``"latex"`` =
+    ``latex_gold_metric``, ``"expr"`` = ``expr_gold_metric``), through math-verify: the gold parsed with LaTeX (or
+    expression) extraction, the raw gold string when nothing is extracted; the prediction with expression extraction
+    and LaTeX extraction whose boxed pattern comes first (``boxed_match_priority=0``); both with
+    ``fallback_mode="first_match"``, ``extraction_mode="any_match"``; compared with ``verify(golds, preds,
+    float_rounding=5)`` (lighteval's ``precision=5``). Returns ``(correct, the text of the extracted prediction)``."""
+    return worker().run("lighteval_match", [(as_text(pred), as_text(gold), kind)])[0]
+
+
+def r1_gold(solution: str, gold_mode: str) -> tuple[bool, str]:
+    """Whether the authors' training rewards can parse the gold (``gold_mode``: ``"solution"`` = a full solution,
+    LaTeX extraction, first match; ``"boxed_answer"`` = a bare answer formatted as ``$\\\\boxed{...}$``, default
+    extraction, as their ``accuracy_reward_lv35``)."""
+    return worker().run("r1_gold", [(as_text(solution), gold_mode)])[0]
+
+
+def r1_answer(content: str, solution: str, gold_mode: str, boxed: Any) -> tuple[bool, str]:
+    """The authors' answer check (``accuracy_reward``, ``get_cosine_scaled_reward``): the completion parsed with
+    LaTeX extraction only (boxed first, no anchor-less match, ``malformed_operators=False``, ``NormalizationConfig``
+    ``boxed=boxed``: ``"all"`` in accuracy, ``True`` in cosine), first match, then ``verify(answer, gold)`` in their
+    argument order. Returns ``(correct, extracted)``; call :func:`r1_gold` first (an unparseable gold is never
+    correct here)."""
+    return worker().run("r1_answer", [(as_text(content), as_text(solution), gold_mode, boxed)])[0]
 
 
 def as_text(value: Any) -> str:

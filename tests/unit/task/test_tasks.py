@@ -21,7 +21,10 @@ def test_builtin_tasks_are_entry_points_of_mmgpg_tasks():
 def test_unknown_task_lists_available_and_suggests():
     with pytest.raises(TaskNotFound) as info:
         find_task_class("shaeps")
-    assert "available: cv_bench, digits, fine_grained, geoqa, lisa_grounding, scenes, shapes" in str(info.value)
+    listed = str(info.value).split("available: ", 1)[1].split("; or give", 1)[0].split(", ")
+    assert listed == sorted(listed)
+    assert {"cv_bench", "digits", "fine_grained", "geoqa", "lisa_grounding", "scenes", "shapes", "math",
+            "math_500", "aime24"} <= set(listed)
     assert "Did you mean 'shapes'?" in str(info.value)
 
 
