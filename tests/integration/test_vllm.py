@@ -411,3 +411,23 @@ def test_text_server_mode_same_rollouts_and_sync(tiny_text_dir, tiny_dirs):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_math_task_trains_and_is_evaluated_with_vllm(tmp_path):
+    """The math family through the vLLM engine (issue: text policies and the unimodal rows): `mmgpg train task=math
+    rollout.engine=vllm` (2 steps, the post-sync log-prob check on), then `mmgpg eval --task math_500 --engine vllm
+    --samples 2` of the run, on the offline fixtures."""
+    data = FIXTURES.parent / "math_data"
+    run = tmp_path / "run"
+    _cli("train", *TEXT_MODEL, "task=math", f"task.train_data={data / 'math_train.jsonl'}", "rollout.engine=vllm",
+         "rollout.group_size=2", "rollout.max_new_tokens=8", "train.prompts_per_step=2", "train.micro_batch_prompts=1",
+         "train.max_steps=2", "train.learning_rate=1e-3", "train.progress=false", "train.tensorboard=false",
+         f"output_dir={run}")
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in steps if "rollout/logprob_diff_max" in m]
+    assert [m["step"] for m in steps] == [1, 2] and all(m["rollout/logprob_diff_max"] <= TOKEN_TOL for m in steps)
+    out = tmp_path / "eval"
+    _cli("eval", "--task", "math_500", f"task.data={data / 'math_500.jsonl'}", "--ckpt", str(run), "--engine", "vllm",
+         "--samples", "2", "--limit", "3", "--max-new-tokens", "8", "--output", str(out))
+    meta = json.loads((out / "metrics.json").read_text())
+    assert meta["engine"] == "vllm" and meta["metrics"]["num_samples"] == 6 and "pass@2" in meta["metrics"]
