@@ -59,6 +59,12 @@ def rescore(task: Task, rows: Sequence[dict[str, Any]], protocol: str, *,
     sampled = is_sampled(rows)
     records, skipped = [], 0
     for number, row in zip(lines or range(1, len(rows) + 1), rows):
+        if isinstance(row, dict) and isinstance(row.get("skipped"), str) and "model_output" not in row:
+            # a row a previous evaluation skipped (a bad data row, an unjudgeable output): it stays skipped with
+            # its original reason, not "model_output is missing"
+            skipped += 1
+            records.append({"line": number, "id": row.get("id"), "skipped": f"skipped when written: {row['skipped']}"})
+            continue
         try:
             problem = prediction_row_problem(row, task) or (sample_index_problem(row) if sampled else "")
             if problem:

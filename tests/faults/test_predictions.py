@@ -30,6 +30,11 @@ HOSTILE = [
     ("not an object", "[1, 2, 3]", "must be a JSON object"),
     ("bad json", '{"id": "n9", "model_output": "x" "ground_truth": 1}', "not valid JSON"),
     ("bad utf-8", b'{"id": "n10", "model_output": "\xff\xfe"}'.decode("latin-1"), "not UTF-8"),
+    # the skip records `mmgpg eval` itself writes (a bad data row; a row a re-judging skipped): re-judging the file
+    # keeps them skipped with their first reason
+    ("written data-row skip", '{"row": 7, "skipped": "image missing"}', "skipped when written: image missing"),
+    ("written re-judge skip", '{"line": 4, "id": "n11", "skipped": "nested object"}',
+     "skipped when written: nested object"),
 ]
 
 
