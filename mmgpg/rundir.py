@@ -54,16 +54,15 @@ def make_run_dir(output_dir: str, command: str) -> Path:
 
 
 def read_config_tree(path: str | Path) -> dict | None:
-    """A saved ``config.yaml`` as a plain dict (None when the file is absent or is not a mapping)."""
-    import yaml
+    """A saved ``config.yaml`` as a plain dict (None when the file is absent or is not a mapping). It is read with
+    :func:`mmgpg.typed.read_yaml` (plain data; aliases, size, nesting and duplicate keys limited): a hostile file is
+    a :class:`~mmgpg.typed.ConfigError` naming it and the line."""
+    from mmgpg.typed import read_yaml_file
 
     path = Path(path)
     if not path.is_file():
         return None
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML ({err})") from None
+    tree = read_yaml_file(path)
     return tree if isinstance(tree, dict) else None
 
 

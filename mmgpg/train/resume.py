@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mmgpg.jsonl import read_jsonl, write_jsonl_atomic
 from mmgpg.rundir import CONFIG, read_config_tree
 
@@ -180,12 +178,13 @@ def check_config(cfg, checkpoint: Path, run_dir: Path, *, record: bool, command:
     ``train.resume_config=new`` applies it; record accepted changes (when ``record``). True when keys other than run
     control changed (the caller then applies them with the backend's ``apply_settings``)."""
     from mmgpg.config import to_yaml
+    from mmgpg.typed import read_yaml
 
     t = cfg.train
     old, source = read_checkpoint_config(checkpoint, run_dir)
     if old is None:
         return False
-    changes = config_changes(old, yaml.safe_load(to_yaml(cfg)), command)
+    changes = config_changes(old, read_yaml(to_yaml(cfg), "the resolved config"), command)
     constant = t.lr_scheduler == "constant" if command == "train" else True  # sft's schedule is constant
     old_rank = changes.get("model.lora.rank", (cfg.model.lora.rank,))[0]
     uses_lora = cfg.model.lora.rank > 0 or (isinstance(old_rank, int) and old_rank > 0)
