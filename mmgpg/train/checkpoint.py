@@ -73,8 +73,9 @@ def remove_checkpoint(path: Path) -> None:
 
 
 def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: dict[str, Any], keep_last: int,
-                    extra_files: dict[str, str] | None = None, backend=None) -> Path:
-    """Write checkpoint ``step`` (collective: every rank calls it) and prune to the newest ``keep_last``.
+                    extra_files: dict[str, str] | None = None, backend=None, warn=None) -> Path:
+    """Write checkpoint ``step`` (collective: every rank calls it) and prune to the newest ``keep_last`` intact
+    ones (:func:`prune_checkpoints`; ``warn`` receives what it says about damaged ones, default stderr).
 
     ``extra_files`` (name → text) are written beside the state by rank 0 (the resolved config). ``backend``
     (optional) supplies the full weights when the model's own are partitioned (``full_state_dict``, gathered on every
@@ -134,14 +135,40 @@ def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: di
         if final.exists():  # a checkpoint of this step from an earlier, interrupted attempt
             remove_checkpoint(final)
         tmp.rename(final)
-        for old in complete_checkpoints(output_dir)[:-keep_last]:
-            remove_checkpoint(old)
+        prune_checkpoints(output_dir, keep_last, warn=warn)
         for stale in root.iterdir():  # interrupted writes and deletions: directories that are not checkpoints
             if stale.is_dir() and (stale.name.startswith(".tmp-step-")
                                    or (_STEP_DIR.fullmatch(stale.name) and not (stale / "COMPLETE").exists())):
                 shutil.rmtree(stale, ignore_errors=True)
     distributed.barrier()
     return final
+
+
+def prune_checkpoints(output_dir: str | Path, keep_last: int, warn=None) -> list[Path]:
+    """Keep the newest ``keep_last`` *intact* checkpoints (:func:`mmgpg.rundir.verify_checkpoint`) and remove the
+    older ones, so a damaged checkpoint never takes the place of an intact one. A damaged checkpoint is not counted:
+    one newer than the oldest kept stays where it is (named through ``warn``: a resume skips it); one older is removed
+    with the rest. Returns the kept intact checkpoints, newest first."""
+    from mmgpg.rundir import _warn, verify_checkpoint
+
+    warn = warn or _warn
+    kept: list[Path] = []
+    damaged: list[Path] = []
+    for candidate in reversed(complete_checkpoints(output_dir)):
+        if len(kept) >= keep_last:
+            remove_checkpoint(candidate)
+            continue
+        try:
+            verify_checkpoint(candidate)
+        except CheckpointError as err:
+            damaged.append(candidate)
+            warn(f"checkpoint {candidate} is damaged ({err}); train.keep_last does not count it")
+            continue
+        kept.append(candidate)
+    for bad in damaged:
+        if kept and int(bad.name[5:]) < int(kept[-1].name[5:]):
+            remove_checkpoint(bad)
+    return kept
 
 
 def _is_disk_full(err: BaseException, root: Path) -> bool:
