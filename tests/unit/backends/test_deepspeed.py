@@ -389,3 +389,42 @@ def test_sft_on_zero3_equals_sft_on_plain(tmp_path):
         torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=0)  # measured 1.1e-6; one AdamW step moves ~1e-3
         initial[k] = float(a[k].abs().sum())
     assert all(v > 0 for v in initial.values()), "a gathered tensor came back empty"
+
+
+@pytest.mark.parametrize("user, key, fix", [
+    ({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": True}}},
+     "zero_optimization.offload_optimizer", "train.offload_optimizer=true"),
+    ({"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/nvme"}}},
+     "zero_optimization.offload_param", "train.offload_params=true"),
+    ({"zero_optimization": {"cpu_offload": True}}, "zero_optimization.cpu_offload", "train.offload_optimizer=true"),
+    ({"zero_optimization": {"cpu_offload_param": True}}, "zero_optimization.cpu_offload_param",
+     "train.offload_params=true"),
+    ({"train_batch_size": 64}, "train_batch_size", "train.micro_batch_prompts"),
+    ({"amp": {"enabled": True}}, "amp", "model.dtype"),
+    ({"zero_optimization": 3}, "zero_optimization", "a JSON object"),
+    ({"bf16": True}, "bf16", "a JSON object"),
+    ({"gradient_clipping": {"value": 1.0}}, "gradient_clipping", "a single value"),
+])
+def test_user_json_cannot_turn_on_offload_or_break_what_mmgpg_sets(tmp_path, user, key, fix):
+    """Keys that passed the check and then crashed inside DeepSpeed (train_batch_size against mmgpg's batch
+    bookkeeping, a section given as a scalar) or changed the run behind mmgpg's keys (offload, which the planner and
+    the offload checks never saw; apex AMP): each is refused naming the key and the mmgpg setting to use."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(user))
+    problems = _problems("train.backend=deepspeed", "train.zero_stage=3", f"train.deepspeed_config={path}")
+    if not HAVE_DEEPSPEED:
+        problems = [p for p in problems if "not installed" not in p]
+    assert len(problems) == 1, problems
+    assert str(path) in problems[0] and f"{key}" in problems[0] and fix in problems[0], problems[0]
+
+
+def test_user_json_may_tune_offload_that_mmgpg_turned_on(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": True},
+                                                      "offload_param": {"device": "none"}},
+                                "train_batch_size": "auto"}))
+    derived, sources = deepspeed_config.derive(3, True, False, 1.0, bf16=False)
+    merged = deepspeed_config.merge(derived, sources, deepspeed_config.read_user_config(str(path)), str(path))
+    assert merged["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert merged["zero_optimization"]["offload_param"] == {"device": "none"}  # "none": offload stays off
+    assert "train_batch_size" not in merged
