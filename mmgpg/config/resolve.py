@@ -29,8 +29,18 @@ from mmgpg.config.checks import check
 from mmgpg.config.schema import Config, TaskConfig
 from mmgpg.jsonl import write_text_atomic
 from mmgpg.task import TaskNotFound, find_task_class
-from mmgpg.typed import (ConfigError, Problem, YamlError, did_you_mean, field_docs, from_dict, open_field, read_yaml,
-                         read_yaml_file, to_dict)
+from mmgpg.typed import (
+    ConfigError,
+    Problem,
+    YamlError,
+    did_you_mean,
+    field_docs,
+    from_dict,
+    open_field,
+    read_yaml,
+    read_yaml_file,
+    to_dict,
+)
 
 # --------------------------------------------------------------------------------------------------------------------
 # YAML groups and overrides
