@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -279,6 +280,15 @@ def test_zero3_checkpoint_policy_loads_in_transformers_and_answers_like_the_live
     checkpoint = Path(live["checkpoint"])
     assert verify_checkpoint(checkpoint)["world_size"] == 2
     assert (checkpoint / "engine").is_dir()  # DeepSpeed's partitioned optimizer state beside policy/
+    # ZeRO-3 on 2 ranks: per-rank model states and optimizer partitions, each one checked (rundir.engine_files)
+    from mmgpg.typed import CheckpointError
+
+    for name in ("zero_pp_rank_1_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"):
+        damaged = tmp_path / f"damaged-{name}"
+        shutil.copytree(checkpoint, damaged)
+        (damaged / "engine" / "state" / name).unlink()
+        with pytest.raises(CheckpointError, match=f"engine/state/{name} is missing"):
+            verify_checkpoint(damaged)
 
     model = AutoModelForImageTextToText.from_pretrained(checkpoint / "policy", dtype=torch.float32)
     initial = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
