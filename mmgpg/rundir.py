@@ -54,16 +54,15 @@ def make_run_dir(output_dir: str, command: str) -> Path:
 
 
 def read_config_tree(path: str | Path) -> dict | None:
-    """A saved ``config.yaml`` as a plain dict (None when the file is absent or is not a mapping)."""
-    import yaml
+    """A saved ``config.yaml`` as a plain dict (None when the file is absent or is not a mapping). It is read with
+    :func:`mmgpg.typed.read_yaml` (plain data; aliases, size, nesting and duplicate keys limited): a hostile file is
+    a :class:`~mmgpg.typed.ConfigError` naming it and the line."""
+    from mmgpg.typed import read_yaml_file
 
     path = Path(path)
     if not path.is_file():
         return None
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML ({err})") from None
+    tree = read_yaml_file(path)
     return tree if isinstance(tree, dict) else None
 
 
@@ -311,10 +310,15 @@ def _safe_load(path: Path, mmap: bool = False, **kwargs) -> Any:
     return safe_load(path, mmap=mmap, **kwargs)
 
 
-def verify_engine_dir(engine: Path) -> None:
+def verify_engine_dir(engine: Path, world_size: int | None = None, zero_stage: int | None = None) -> None:
     """DeepSpeed's ``engine/``: it holds model states, and every file in it (but DeepSpeed's two conversion scripts)
     loads with ``weights_only=True`` and :data:`mmgpg.backends.deepspeed.ENGINE_SAFE_GLOBALS`. Without DeepSpeed installed (a checkpoint read
-    for evaluation elsewhere) the pickles' globals are listed instead of loaded: still nothing is unpickled."""
+    for evaluation elsewhere) the pickles' globals are listed instead of loaded: still nothing is unpickled.
+
+    With the run's ``world_size`` and ``zero_stage`` (from the marker and ``trainer_state.pt``), also what
+    DeepSpeed's load will read (:func:`engine_files`): every rank's file is there, and each holds its part (model
+    states a ``module``, optimizer states an ``optimizer_state_dict``). A checkpoint that fails is skipped like any
+    damaged one, before DeepSpeed sees it (a missing or emptied file made DeepSpeed's load raise mid-resume)."""
     if not engine.is_dir():
         raise CheckpointError("engine/ (DeepSpeed's optimizer state) is missing")
     from mmgpg.backends.deepspeed import ENGINE_SAFE_GLOBALS, ENGINE_SCRIPTS, engine_safe_globals
@@ -323,6 +327,11 @@ def verify_engine_dir(engine: Path) -> None:
                    if p.is_file() and not (p.parent == engine and p.name in ENGINE_SCRIPTS))
     if not any(p.name.endswith("model_states.pt") for p in files):
         raise CheckpointError("engine/ holds no DeepSpeed model states (*model_states.pt)")
+    expected = engine_files(engine, world_size, zero_stage) if world_size is not None and zero_stage is not None else {}
+    for path, alternatives in expected.items():
+        if not any(p.is_file() for p in alternatives):
+            raise CheckpointError(f"engine/{path} is missing (DeepSpeed's load reads one such file per rank for ZeRO "
+                                  f"stage {zero_stage} on {world_size} rank(s))")
     try:
         allow = engine_safe_globals()
     except ImportError:
@@ -330,7 +339,11 @@ def verify_engine_dir(engine: Path) -> None:
     for path in files:
         label = f"engine/{path.relative_to(engine)}"
         if allow is not None:
-            _safe_load(path, mmap=True, allow=allow, label=label)
+            content = _safe_load(path, mmap=True, allow=allow, label=label)
+            need = ("module" if path.name.endswith("model_states.pt") else
+                    "optimizer_state_dict" if path.name.endswith("optim_states.pt") else None)
+            if need is not None and expected and not (isinstance(content, dict) and need in content):
+                raise CheckpointError(f"{label} holds no {need!r} (not one of DeepSpeed's state files, or emptied)")
             continue
         import torch
 
@@ -343,6 +356,26 @@ def verify_engine_dir(engine: Path) -> None:
                                   f"({', '.join(sorted(unsafe))}); mmgpg does not unpickle those (they can run code)")
 
 
+def engine_files(engine: Path, world_size: int, zero_stage: int) -> dict[str, list[Path]]:
+    """The files DeepSpeed's ``load_checkpoint(engine, tag="state")`` reads, as ``{name: [paths, any one will
+    do]}`` (DeepSpeed 0.19's names): the model states — one ``mp_rank_00_model_states.pt``, or under ZeRO-3 one
+    ``zero_pp_rank_R_mp_rank_00_model_states.pt`` per rank — and from stage 1 on one optimizer partition per rank,
+    ``zero_pp_rank_R_mp_rank_00_optim_states.pt`` (``bf16_``-prefixed when bf16 is on)."""
+    state = engine / "state"
+    out: dict[str, list[Path]] = {}
+    if zero_stage == 3:
+        for r in range(world_size):
+            out[f"state/zero_pp_rank_{r}_mp_rank_00_model_states.pt"] = [
+                state / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt"]
+    else:
+        out["state/mp_rank_00_model_states.pt"] = [state / "mp_rank_00_model_states.pt"]
+    if zero_stage >= 1:
+        for r in range(world_size):
+            name = f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
+            out[f"state/{name}"] = [state / name, state / f"bf16_{name}"]
+    return out
+
+
 def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
     """Check ``checkpoint`` without loading the model: the marker, every rank's RNG file, the trainer state and
     DeepSpeed's ``engine/`` files load (safely), and ``policy/`` has a readable ``config.json`` and intact safetensors
@@ -352,7 +385,9 @@ def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
     if not isinstance(state, dict) or not {"optimizer", "scheduler", "stream", "counters"} <= set(state):
         raise CheckpointError("trainer_state.pt lacks the optimizer, scheduler, stream or counters")
     if "deepspeed" in state or (checkpoint / "engine").exists():  # train.backend=deepspeed
-        verify_engine_dir(checkpoint / "engine")
+        ds = state.get("deepspeed")
+        stage = int(ds["zero_stage"]) if isinstance(ds, dict) and isinstance(ds.get("zero_stage"), int) else None
+        verify_engine_dir(checkpoint / "engine", meta["world_size"] if stage is not None else None, stage)
     for rank in range(meta["world_size"]):
         rng = _safe_load(checkpoint / f"rng_rank{rank}.pt")
         if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):

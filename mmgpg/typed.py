@@ -237,3 +237,143 @@ def to_dict(obj: Any) -> Any:
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be written or used; the message names it and says what to do."""
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# YAML: the one loader for config and run files
+# --------------------------------------------------------------------------------------------------------------------
+
+YAML_MAX_BYTES = 1 << 20
+"""The largest YAML text read (1 MiB; a resolved config is a few kB)."""
+YAML_MAX_NODES = 100_000
+"""The most values a YAML document may expand to, every alias counted at its full size (a config has a few
+hundred): an alias bomb — nine aliases of nine aliases of ... — is refused before it is built."""
+YAML_MAX_DEPTH = 64
+"""The deepest nesting of lists and mappings (a config has four levels)."""
+
+
+class YamlProblem(Problem):
+    """A :class:`Problem` of a YAML text: ``key`` is ``FILE:LINE`` and there is no value to show."""
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.why} Fix: {self.fix}"
+
+
+class YamlError(ConfigError):
+    """A YAML text mmgpg refuses: invalid syntax (``syntax``) or over a limit (aliases, size, nesting, a key given
+    twice). One :class:`Problem` whose key is ``FILE:LINE``."""
+
+    def __init__(self, source: str, line: int | None, why: str, fix: str, syntax: bool = False):
+        self.syntax = syntax
+        super().__init__([YamlProblem(f"{source}:{line}" if line else source, _MISSING, why, fix)])
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """Parse YAML ``text`` (read from ``source``, named in errors) as ``yaml.safe_load`` does — plain data only —
+    but refuse what safe_load lets through: more than :data:`YAML_MAX_BYTES`, aliases that expand to more than
+    :data:`YAML_MAX_NODES` values or refer to themselves, nesting deeper than :data:`YAML_MAX_DEPTH`, and a key
+    given twice in one mapping (safe_load keeps the last one silently; a merge key ``<<`` may still be overridden).
+    Every refusal is a :class:`YamlError` naming the file and line."""
+    import yaml
+
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > YAML_MAX_BYTES:
+        raise YamlError(source, None, f"The YAML is larger than {YAML_MAX_BYTES >> 20} MiB ({size} bytes); a config "
+                        "is a few kB.", "give a config file, not a data file.")
+    loader = _limited_loader()(text)
+    loader.source = source
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, source, {})
+        return loader.construct_document(node)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        raise YamlError(source, mark.line + 1 if mark else None, f"Not valid YAML ({err.problem or err}).",
+                        "fix the YAML syntax.", syntax=True) from None
+    except yaml.YAMLError as err:
+        raise YamlError(source, None, f"Not valid YAML ({err}).", "fix the YAML syntax.", syntax=True) from None
+    finally:
+        loader.dispose()
+
+
+def read_yaml_file(path: Any) -> Any:
+    """:func:`read_yaml` of a file (its size is checked before it is read); OSError when it cannot be read."""
+    from pathlib import Path
+
+    path = Path(path)
+    size = path.stat().st_size
+    if size > YAML_MAX_BYTES:
+        raise YamlError(str(path), None, f"The YAML is larger than {YAML_MAX_BYTES >> 20} MiB ({size} bytes); a "
+                        "config is a few kB.", "give a config file, not a data file.")
+    return read_yaml(path.read_text(encoding="utf-8"), str(path))
+
+
+def _expanded_size(node: Any, source: str, sizes: dict[int, int | None]) -> int:
+    """How many values ``node`` stands for with every alias expanded (shared nodes are counted at each use but
+    visited once); a :class:`YamlError` past :data:`YAML_MAX_NODES` or for a node that contains itself."""
+    import yaml
+
+    key = id(node)
+    if key in sizes:
+        if sizes[key] is None:
+            raise YamlError(source, node.start_mark.line + 1, "An alias refers to itself (a recursive structure).",
+                            "write the value out instead of aliasing the collection it sits in.")
+        return sizes[key]  # type: ignore[return-value]
+    sizes[key] = None
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    else:
+        children = []
+    total = 1 + sum(_expanded_size(child, source, sizes) for child in children)
+    if total > YAML_MAX_NODES:
+        raise YamlError(source, node.start_mark.line + 1, f"Its aliases expand it to more than {YAML_MAX_NODES} "
+                        "values (an alias bomb, or far more than a config holds).",
+                        "write the values out, or remove the aliases (&name / *name).")
+    sizes[key] = total
+    return total
+
+
+@cache
+def _limited_loader() -> type:
+    """``yaml.SafeLoader`` with a nesting limit while composing and a duplicate-key check while constructing."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        source = "<yaml>"
+        _depth = 0
+
+        def compose_node(self, parent, index):
+            self._depth += 1
+            try:
+                if self._depth > YAML_MAX_DEPTH:
+                    mark = self.peek_event().start_mark
+                    raise YamlError(self.source, mark.line + 1, f"The YAML is nested deeper than {YAML_MAX_DEPTH} "
+                                    "levels.", "flatten it; a config has a few levels of `key: value`.")
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, int] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    line = key_node.start_mark.line + 1
+                    try:
+                        first = seen.get(key)
+                    except TypeError:  # an unhashable key: safe_load's own error follows
+                        continue
+                    if first is not None:
+                        raise YamlError(self.source, line, f"The key {key!r} is given twice in one mapping (first "
+                                        f"at line {first}); YAML would keep the last one silently.",
+                                        "keep one of them.")
+                    seen[key] = line
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader

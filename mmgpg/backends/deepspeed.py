@@ -228,12 +228,21 @@ class DeepSpeedBackend:
         """DeepSpeed's ``load_checkpoint``, with its file loader (``torch.load(weights_only=False)``: a crafted file
         would run code) replaced for the call by :func:`load_engine_file` (``weights_only=True``, only
         the few DeepSpeed types its state holds). The checkpoint was verified the same way before it was chosen."""
+        from mmgpg.typed import CheckpointError
+
         files = self.engine.checkpoint_engine
         files.load = load_engine_file  # an instance attribute over the class's method, removed again below
         try:
             with _quiet():
                 path, _ = self.engine.load_checkpoint(str(directory), tag="state", load_module_strict=True,
                                                       load_optimizer_states=True, load_lr_scheduler_states=False)
+        except CheckpointError:
+            raise
+        except Exception as err:  # noqa: BLE001 - damage the verification could not see (e.g. a tensor's shape)
+            raise CheckpointError(
+                f"DeepSpeed could not load {directory} ({type(err).__name__}: {str(err)[:300]}). Its files passed "
+                f"mmgpg's checks but do not fit this model and optimizer. Move the checkpoint {directory.parent} "
+                "out of checkpoints/ and resume again: the newest intact earlier one is used.") from None
         finally:
             del files.load
         if path is None:

@@ -6,7 +6,9 @@ mmgpg owns everything that changes the numbers of an update: the ZeRO stage and 
 bf16, the batch bookkeeping (one backward per micro-batch, the accumulation boundary set by the trainer) and the
 optimizer and schedule (built from ``train.*``). A user JSON may add anything else (bucket sizes, overlap_comm,
 communication dtypes, ...) and may repeat an mmgpg-owned key only with the same value or ``"auto"``; any other value is
-a configuration error that names both sources.
+a configuration error that names both sources. It may not turn on offload (``zero_optimization.offload_*``; only
+``train.offload_*`` do, so the planner and the checks know), set ``train_batch_size`` (DeepSpeed checks it against
+mmgpg's batch bookkeeping and stops), apex ``amp``, or give a section as a single value (or the reverse).
 """
 
 from __future__ import annotations
@@ -19,7 +21,16 @@ from typing import Any
 # Keys of the user JSON that mmgpg never takes from it, with the mmgpg key that decides them.
 OWNED_SECTIONS = {"optimizer": "train.learning_rate / train.adam_* / train.weight_decay (mmgpg builds AdamW)",
                   "scheduler": "train.lr_scheduler / train.warmup_steps (mmgpg steps the schedule)",
-                  "fp16": "model.dtype (mmgpg trains in float32 or bf16; fp16 loss scaling is not supported)"}
+                  "fp16": "model.dtype (mmgpg trains in float32 or bf16; fp16 loss scaling is not supported)",
+                  "amp": "model.dtype (mmgpg trains in float32 or bf16; apex AMP is not used)"}
+# Keys the user JSON may give only as "auto": DeepSpeed checks them against what mmgpg sets and stops inside its
+# initialisation otherwise.
+OWNED_KEYS = {"train_batch_size": "train.micro_batch_prompts and the number of ranks (mmgpg drives the accumulation; "
+                                  "train_batch_size must equal micro batch x accumulation x ranks inside DeepSpeed)"}
+# Offload switches: zero_optimization sections (and DeepSpeed's older boolean spellings) that move state to host or
+# NVMe memory. Only mmgpg's own keys turn them on (the planner, the offload checks and resume depend on them).
+OFFLOAD_KEYS = {"offload_optimizer": "train.offload_optimizer", "offload_param": "train.offload_params",
+                "cpu_offload": "train.offload_optimizer", "cpu_offload_param": "train.offload_params"}
 
 INSTALL_HINT = "pip install 'mmgpg[deepspeed]'"
 
@@ -66,14 +77,22 @@ def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def merge(derived: dict[str, Any], sources: dict[str, str], user: dict[str, Any], origin: str) -> dict[str, Any]:
+def merge(derived: dict[str, Any], sources: dict[str, str], user: dict[str, Any], origin: str,
+          unknown: frozenset[str] = frozenset()) -> dict[str, Any]:
     """``user`` laid over ``derived``; raises :class:`mmgpg.config.ConfigError` listing every key where the user
-    JSON (``origin``) contradicts a value mmgpg derives (``"auto"`` always agrees), or sets a section mmgpg owns.
+    JSON (``origin``) contradicts a value mmgpg derives (``"auto"`` always agrees), sets a section or key mmgpg owns
+    (:data:`OWNED_SECTIONS`, :data:`OWNED_KEYS`), turns on an offload that mmgpg's ``train.offload_*`` keys leave off
+    (:data:`OFFLOAD_KEYS`), or gives a section where mmgpg sets a single value or the reverse (DeepSpeed would stop
+    inside its initialisation). ``unknown``: derived leaves whose value is not known yet (bf16 before the GPU is
+    seen): their shape is checked, not their value.
 
     >>> merge({"a": {"b": 1}}, {"a.b": "train.x"}, {"a": {"b": "auto", "c": 2}}, "ds.json")
     {'a': {'b': 1, 'c': 2}}
     """
     from mmgpg.typed import ConfigError, Problem
+
+    def problem(key: str, value: Any, why: str, fix: str) -> Problem:
+        return Problem("train.deepspeed_config", f"{origin}: {key} = {value!r}", why, fix)
 
     problems = []
     for key, owner in OWNED_SECTIONS.items():
@@ -81,21 +100,61 @@ def merge(derived: dict[str, Any], sources: dict[str, str], user: dict[str, Any]
             problems.append(Problem("train.deepspeed_config", f"{origin}: {key}",
                                     f"mmgpg decides this itself from {owner}.",
                                     f"remove the \"{key}\" section from {origin}."))
+    for key, owner in OWNED_KEYS.items():
+        if key in user and user[key] != "auto":
+            problems.append(problem(key, user[key], f"mmgpg decides this itself from {owner}.",
+                                    f"remove {key} from {origin} (or set it to \"auto\")."))
+    problems += _shape_problems(derived, user, origin, "")
+    zero_user, zero_mine = user.get("zero_optimization"), derived.get("zero_optimization", {})
+    if isinstance(zero_user, dict):
+        for key, switch in OFFLOAD_KEYS.items():
+            value = zero_user.get(key)
+            device = value.get("device", "none") if isinstance(value, dict) else value
+            if key in zero_user and key not in zero_mine and device not in ("none", "auto", None, False):
+                what = "parameter" if switch.endswith("params") else "optimizer"
+                problems.append(problem(f"zero_optimization.{key}", value, f"It turns on {what} offload behind "
+                                        f"{switch}=false: the memory plan, the offload checks and the resume check "
+                                        "would not know of it.",
+                                        f"remove zero_optimization.{key} from {origin} and set {switch}=true (the JSON "
+                                        "may then tune the section, e.g. pin_memory)."))
     mine = _leaves(derived)
     for key, value in _leaves(user).items():
-        if key in mine and value != "auto" and value != mine[key]:
+        if key in mine and key not in unknown and value != "auto" and value != mine[key]:
             problems.append(Problem("train.deepspeed_config", f"{origin}: {key} = {value!r}",
                                     f"It contradicts {sources.get(key, 'mmgpg')}, which gives {key} = {mine[key]!r}.",
                                     f"remove {key} from {origin} (or set it to \"auto\"), or change "
                                     f"{sources.get(key, 'the mmgpg key')}."))
     if problems:
         raise ConfigError(problems)
-    cleaned = {k: v for k, v in user.items()}
+    cleaned = {k: v for k, v in user.items() if not (k in OWNED_KEYS and v == "auto")}
 
     def drop_auto(tree: dict[str, Any]) -> dict[str, Any]:
         return {k: drop_auto(v) if isinstance(v, dict) else v for k, v in tree.items() if v != "auto"}
 
     return _deep_merge(derived, drop_auto(cleaned))
+
+
+def _shape_problems(derived: dict[str, Any], user: dict[str, Any], origin: str, prefix: str) -> list:
+    """A user value that is a section where mmgpg sets a single value, or a single value where mmgpg sets a section
+    (``"zero_optimization": 3``, ``"bf16": true``): DeepSpeed's own config parser stops on it."""
+    from mmgpg.typed import Problem
+
+    out = []
+    for key, value in user.items():
+        if key not in derived or value == "auto":
+            continue
+        mine, dotted = derived[key], f"{prefix}{key}"
+        if isinstance(mine, dict) and not isinstance(value, dict):
+            out.append(Problem("train.deepspeed_config", f"{origin}: {dotted} = {value!r}",
+                               f"DeepSpeed expects {dotted} to be a JSON object (mmgpg sets "
+                               f"{json.dumps(mine)[:80]}).", f"write {dotted} as a JSON object {{...}}, or remove it."))
+        elif not isinstance(mine, dict) and isinstance(value, dict):
+            out.append(Problem("train.deepspeed_config", f"{origin}: {dotted} = {value!r}",
+                               f"DeepSpeed expects {dotted} to be a single value (mmgpg sets {mine!r}).",
+                               f"write {dotted} as a single value, or remove it."))
+        elif isinstance(mine, dict):
+            out += _shape_problems(mine, value, origin, f"{dotted}.")
+    return out
 
 
 def read_user_config(path: str) -> dict[str, Any]:
@@ -146,9 +205,9 @@ def check(t: Any) -> list:
                          f"{INSTALL_HINT}, or set train.backend=plain."))
     if t.deepspeed_config:
         derived, sources = derive(t.zero_stage, t.offload_optimizer, t.offload_params, t.max_grad_norm, bf16=False)
-        del derived["bf16"], sources["bf16.enabled"]
-        try:
-            merge(derived, sources, read_user_config(t.deepspeed_config), t.deepspeed_config)
+        try:  # bf16 depends on the GPU found at start: its value is checked then, its shape now
+            merge(derived, sources, read_user_config(t.deepspeed_config), t.deepspeed_config,
+                  unknown=frozenset({"bf16.enabled"}))
         except ConfigError as err:
             p.extend(err.problems)
     return p

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from mmgpg.cli.common import add_config_args, resolve_args
+from mmgpg.cli.common import add_config_args, int_in, resolve_args
 from mmgpg.cli.plan import add_hardware_args
 from mmgpg.models import DTYPES, FAMILIES
 
@@ -153,7 +153,7 @@ def register(sub) -> None:
                        "included) against model.max_prompt_length, and run every reward and the judge (both "
                        "protocols) on an empty, a garbage and the gold answer. Exit status 1 when an error is found.")
     p.add_argument("--split", default="train")
-    p.add_argument("--examples", type=int, default=4, help="examples to load and check")
+    p.add_argument("--examples", type=int_in(1, 10_000), default=4, help="examples to load and check (1-10,000)")
     add_config_args(p)
     add_hardware_args(p, required=False)  # with --gpus and --gpu-memory-gb: also the memory plan (mmgpg plan)
     p.set_defaults(func=cmd_check)

@@ -7,7 +7,7 @@ import argparse
 
 from mmgpg.backends import BACKENDS
 from mmgpg.backends.memory import GIB, OFFLOADS, Plan, model_shape, plan_memory
-from mmgpg.cli.common import add_config_args
+from mmgpg.cli.common import add_config_args, float_in, int_in
 
 ROWS = (
     ("parameters", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
@@ -68,19 +68,28 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+MAX_GPUS_PER_NODE, MAX_NODES, MAX_GPU_MEMORY_GB, MAX_IMAGES_PER_PROMPT = 64, 100_000, 10_000.0, 1_000
+"""Bounds of the hardware flags: far beyond any machine, they only catch typos (``--gpus -1``, ``--gpu-memory-gb
+nan``, ``8e9``) that would otherwise crash the planner or print a nonsense plan."""
+
+
 def add_hardware_args(p: argparse.ArgumentParser, required: bool = True) -> None:
     """The GPUs and the backend to plan for (``mmgpg plan``; optional on ``mmgpg check``)."""
-    p.add_argument("--gpus", type=int, required=required, help="GPUs per node")
-    p.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    p.add_argument("--gpu-memory-gb", type=float, required=required, help="memory of one GPU in GiB (e.g. 80)")
-    p.add_argument("--reserve-gb", type=float, default=2.0,
-                   help="kept free for the CUDA context, NCCL buffers and fragmentation (default 2 GiB; a judgement)")
+    p.add_argument("--gpus", type=int_in(1, MAX_GPUS_PER_NODE), required=required,
+                   help=f"GPUs per node (1-{MAX_GPUS_PER_NODE})")
+    p.add_argument("--nodes", type=int_in(1, MAX_NODES), default=1, help=f"nodes (default 1; at most {MAX_NODES})")
+    p.add_argument("--gpu-memory-gb", type=float_in(0, MAX_GPU_MEMORY_GB, low_open=True), required=required,
+                   help=f"memory of one GPU in GiB (e.g. 80; above 0, at most {MAX_GPU_MEMORY_GB})")
+    p.add_argument("--reserve-gb", type=float_in(0, MAX_GPU_MEMORY_GB), default=2.0,
+                   help="kept free for the CUDA context, NCCL buffers and fragmentation (default 2 GiB; a judgement; "
+                   "less than --gpu-memory-gb)")
     p.add_argument("--backend", choices=list(BACKENDS), default=None, help="default: train.backend")
     p.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=None,
                    help="DeepSpeed ZeRO stage (default: train.zero_stage with the deepspeed backend)")
     p.add_argument("--offload", choices=OFFLOADS, default=None,
                    help="DeepSpeed offload to host memory (default: from train.offload_optimizer/offload_params)")
-    p.add_argument("--images-per-prompt", type=int, default=1, help="images in each prompt (default 1)")
+    p.add_argument("--images-per-prompt", type=int_in(0, MAX_IMAGES_PER_PROMPT), default=1,
+                   help=f"images in each prompt (default 1; 0 for text prompts; at most {MAX_IMAGES_PER_PROMPT})")
 
 
 def backend_setup(cfg, args) -> tuple[str, int, str]:
@@ -101,6 +110,9 @@ def backend_setup(cfg, args) -> tuple[str, int, str]:
 
 
 def plan_from_args(cfg, args) -> Plan:
+    if args.reserve_gb >= args.gpu_memory_gb:
+        raise ValueError(f"--reserve-gb {args.reserve_gb:g} leaves nothing of --gpu-memory-gb {args.gpu_memory_gb:g}: "
+                         "the reserve must be less than one GPU's memory (default 2)")
     backend, stage, offload = backend_setup(cfg, args)
     return plan_memory(cfg, model_shape(cfg.model.name_or_path, cfg.model.lora), gpus=args.gpus, nodes=args.nodes,
                        gpu_memory_gb=args.gpu_memory_gb, backend=backend, zero_stage=stage,

@@ -8,7 +8,7 @@ import math
 import sys
 from pathlib import Path
 
-from mmgpg.cli.common import add_config_args
+from mmgpg.cli.common import add_config_args, float_in, int_in
 from mmgpg.rundir import PROBES
 
 
@@ -127,6 +127,12 @@ def cmd_diagnose(args) -> int:
     return 0
 
 
+MAX_VISITS, MAX_SAMPLES = 10**9, 100_000
+"""Bounds of ``--visits`` and ``--samples``: the coverage formula is exact at any V, but 10**12 is a typo; a probe of
+more than 100,000 completions per prompt would run for days (and its counts do not need it: the Jeffreys interval
+at n = 100,000 is already ±0.3%)."""
+
+
 def register(sub) -> None:
     """``theory predict``, ``diagnose`` and ``probe``."""
     p = sub.add_parser("theory", help="success-amplification theory of the configured objective (docs/theory.md)",
@@ -140,9 +146,11 @@ def register(sub) -> None:
                         "algo=grpo algo.kl_coef=0.5 --p-ref 0.01,0.2,0.5")
     add_config_args(t)
     t.add_argument("--p-ref", required=True, help="comma-separated reference success probabilities, e.g. 0.01,0.2")
-    t.add_argument("--visits", type=int, default=10, help="visits per prompt for the coverage column (default 10)")
-    t.add_argument("--paper-eps", type=float, default=None,
-                   help="ε of the paper's Ω_ε (default: algo.std_eps for group_stabilized, else 1e-5 as in the paper)")
+    t.add_argument("--visits", type=int_in(1, MAX_VISITS), default=10,
+                   help=f"visits per prompt for the coverage column (default 10; 1-{MAX_VISITS:,})")
+    t.add_argument("--paper-eps", type=float_in(0, 1, low_open=True), default=None,
+                   help="ε of the paper's Ω_ε, in (0, 1] (default: algo.std_eps for group_stabilized, else 1e-5 as in "
+                   "the paper)")
     t.add_argument("--json", action="store_true", help="print JSON instead of a table")
     t.set_defaults(func=cmd_theory_predict)
 
@@ -154,7 +162,7 @@ def register(sub) -> None:
                        "enters the update: diagnose.txt, diagnose.json and PNG plots. See docs/theory.md.")
     p.add_argument("run_dir")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/diagnose)")
-    p.add_argument("--success-threshold", type=float, default=None,
+    p.add_argument("--success-threshold", type=float_in(-1e9, 1e9), default=None,
                    help="count total reward >= this as success (instead of the task's success hook; needed without one)")
     p.set_defaults(func=cmd_diagnose)
 
@@ -165,13 +173,14 @@ def register(sub) -> None:
                        "is a training run directory (its config is used; --step 0 probes the starting model, which "
                        "gives p_ref), else to --out. Example: mmgpg probe runs/gpg --step 0 --samples 64 --limit 100")
     p.add_argument("ckpt", help="a training run directory, a model directory or hub id, or tiny")
-    p.add_argument("--step", type=int, default=None,
+    p.add_argument("--step", type=int_in(0, 10**12), default=None,
                    help="checkpoint step of a run directory (default the latest; 0 = the starting model)")
     p.add_argument("--split", default="train", help="task split (default train: the prompts the run trains on)")
-    p.add_argument("--samples", type=int, default=64, help="completions per prompt (default 64)")
-    p.add_argument("--limit", type=int, default=None, help="first N prompts only")
-    p.add_argument("--batch-prompts", type=int, default=4, help="prompts per generate call (default 4)")
-    p.add_argument("--success-threshold", type=float, default=None,
+    p.add_argument("--samples", type=int_in(1, MAX_SAMPLES), default=64,
+                   help=f"completions per prompt (default 64; 1-{MAX_SAMPLES:,})")
+    p.add_argument("--limit", type=int_in(1, 10**9), default=None, help="first N prompts only (default all)")
+    p.add_argument("--batch-prompts", type=int_in(1, 4096), default=4, help="prompts per generate call (default 4)")
+    p.add_argument("--success-threshold", type=float_in(-1e9, 1e9), default=None,
                    help="count total reward >= this as success (instead of the task's success hook; needed without one)")
     p.add_argument("--out", default=None, help=f"output file (default RUN_DIR/{PROBES} or ./{PROBES})")
     add_config_args(p)

@@ -29,7 +29,18 @@ from mmgpg.config.checks import check
 from mmgpg.config.schema import Config, TaskConfig
 from mmgpg.jsonl import write_text_atomic
 from mmgpg.task import TaskNotFound, find_task_class
-from mmgpg.typed import ConfigError, Problem, did_you_mean, field_docs, from_dict, open_field, to_dict
+from mmgpg.typed import (
+    ConfigError,
+    Problem,
+    YamlError,
+    did_you_mean,
+    field_docs,
+    from_dict,
+    open_field,
+    read_yaml,
+    read_yaml_file,
+    to_dict,
+)
 
 # --------------------------------------------------------------------------------------------------------------------
 # YAML groups and overrides
@@ -62,9 +73,12 @@ def available_groups(search_path: Sequence[Path]) -> dict[str, list[str]]:
 
 def _read_yaml(path: Path, problems: list[Problem], key: str) -> dict:
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        problems.append(Problem(key, str(path), f"Could not read it as YAML ({err}).", "fix the file's YAML syntax."))
+        data = read_yaml_file(path) or {}
+    except OSError as err:
+        problems.append(Problem(key, str(path), f"Could not read it ({err}).", "check the path and its permissions."))
+        return {}
+    except YamlError as err:
+        problems.extend(err.problems)
         return {}
     if not isinstance(data, dict):
         problems.append(Problem(key, str(path), "The file is not a mapping of config fields.",
@@ -99,9 +113,11 @@ def _parse_value(text: str) -> Any:
     if text == "":
         return ""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+        return read_yaml(text, "the command-line value")
+    except YamlError as err:
+        if err.syntax:  # not YAML: the text itself (a path, a name)
+            return text
+        raise
 
 
 def _find_group_file(group: str, name: str, search_path: Sequence[Path]) -> Path | None:

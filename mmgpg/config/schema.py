@@ -211,7 +211,7 @@ class TrainConfig:
     """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT). The default bounds what a crash
     (a bad data row, a lost node) can cost to 50 steps; keep_last bounds the disk used."""
     keep_last: int = 2
-    """Checkpoints kept; older ones are deleted after a new one is complete."""
+    """Intact checkpoints kept; older ones are deleted after a new one is complete (a damaged one is not counted)."""
     resume: bool = False
     """Continue from the newest complete, intact checkpoint in output_dir (metrics after it are rewritten; without a
     checkpoint the run starts over and earlier logs move to abandoned-<time>/)."""

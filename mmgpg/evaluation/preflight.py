@@ -4,7 +4,8 @@ It loads a few examples, renders their prompts with the model's processor (the m
 device: no weights are read) and checks each prompt's length — image tokens included — against
 ``model.max_prompt_length``; then it runs every training reward and the judge under both protocols on three probe
 answers: an empty answer, garbage, and the task's gold answer. Expected: the gold answer earns the top accuracy,
-the empty and garbage answers earn none; an empty answer that scores is reported (it is a reward hack).
+the empty and garbage answers earn none; an empty answer that scores is reported (it is a reward hack). A reward that
+is not a finite number (NaN) and a ``success()`` that returns neither a bool nor None are errors.
 """
 
 from __future__ import annotations
@@ -78,7 +79,40 @@ def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
                     findings.append(Finding(f"{label} answer, {ex.id}", "error", f"raised {type(err).__name__}: {err}"))
                     continue
                 findings.append(_judge_finding(label, ex.id, protocol, record))
+            findings.extend(_reward_findings(task, label, ex, text))
     return findings
+
+
+def _reward_findings(task, label: str, example, text: str) -> list[Finding]:
+    """Errors for one probe answer: a training reward that is not a finite number (training stops on it; NaN would
+    poison its group's advantages), a ``success()`` that raises or returns neither a bool nor None."""
+    import math
+
+    out: list[Finding] = []
+    where = f"{label} answer, {example.id}"
+    rewards: dict[str, float] = {}
+    for name, fn in task.rewards.items():
+        try:
+            value = fn(text, example)
+            rewards[name] = float(value)
+        except Exception as err:  # noqa: BLE001 - every problem is reported, not raised
+            out.append(Finding(where, "error", f"reward {name!r} raised {type(err).__name__}: {err}"))
+            continue
+        if not math.isfinite(rewards[name]):
+            out.append(Finding(where, "error", f"reward {name!r} returned {value!r}, not a finite number: it would "
+                                               "poison the advantages of its group (training stops on it) — make "
+                                               "the reward return 0.0 when it cannot score"))
+    rewards["total"] = sum(rewards.values())
+    try:
+        success = task.success(text, example, rewards)
+    except Exception as err:  # noqa: BLE001
+        return [*out, Finding(where, "error", f"success() raised {type(err).__name__}: {err}")]
+    if success is not None and not isinstance(success, bool) and type(success).__name__ != "bool_":  # numpy's bool
+        out.append(Finding(where, "error", f"success() returned {success!r} ({type(success).__name__}), not a bool: "
+                                           "every non-zero value would count as a success in prompt_success.jsonl "
+                                           "and the diagnostics — return a comparison (e.g. rewards['accuracy'] >= "
+                                           "1.0), or None when the task has no binary success"))
+    return out
 
 
 def _judge_finding(label: str, ident: str, protocol: str, record: dict[str, Any]) -> Finding:

@@ -252,7 +252,9 @@ def drift_fit(visits: list[Visit], metrics: list[dict], p_ref: dict[str, float],
     """Fit ``c`` in the no-KL drift with x_t = Σ_{s<t} α_s lr_s (1 - 1/G) (the logged α and learning rate):
     natural reading ``z_q(t) = z_ref,q + c x_t``; Euclidean ``dz_q = c p_q(1 - p_q) dx``. Each predicts the mean
     attempt-0 success at step t over the prompts drawn then (those with a p_ref; without their first visit when
-    that visit is the p_ref, ``exclude_first``); c minimises the sample-weighted squared error. None with < 3 steps."""
+    that visit is the p_ref, ``exclude_first``); c minimises the sample-weighted squared error. None with < 3 steps.
+    A skipped step (no informative group, no update: ``gpg/alpha`` is null in ``metrics.jsonl``) moves x by 0; its
+    rollout is still an observation."""
     from scipy.optimize import minimize_scalar
 
     first: dict[str, tuple[int, int]] = {}
@@ -267,7 +269,9 @@ def drift_fit(visits: list[Visit], metrics: list[dict], p_ref: dict[str, float],
     x, acc = {}, 0.0
     for s in sorted(by_step):
         x[s] = acc  # the step's rollout happens before its update
-        acc += by_step[s]["gpg/alpha"] * by_step[s]["lr"] * (1 - 1 / G)
+        alpha, lr = by_step[s]["gpg/alpha"], by_step[s]["lr"]
+        if alpha is not None and lr is not None:  # None: a skipped step, no update
+            acc += alpha * lr * (1 - 1 / G)
     groups = {s: [v for v in visits if v.step == s and v.attempt == 0] for s in steps}
     z_ref = {pid: (theory.logit(min(max(p, 1e-6), 1 - 1e-6)) if 0 < p < 1 else (-np.inf if p == 0 else np.inf))
              for pid, p in p_ref.items()}

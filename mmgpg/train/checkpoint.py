@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -72,8 +73,9 @@ def remove_checkpoint(path: Path) -> None:
 
 
 def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: dict[str, Any], keep_last: int,
-                    extra_files: dict[str, str] | None = None, backend=None) -> Path:
-    """Write checkpoint ``step`` (collective: every rank calls it) and prune to the newest ``keep_last``.
+                    extra_files: dict[str, str] | None = None, backend=None, warn=None) -> Path:
+    """Write checkpoint ``step`` (collective: every rank calls it) and prune to the newest ``keep_last`` intact
+    ones (:func:`prune_checkpoints`; ``warn`` receives what it says about damaged ones, default stderr).
 
     ``extra_files`` (name → text) are written beside the state by rank 0 (the resolved config). ``backend``
     (optional) supplies the full weights when the model's own are partitioned (``full_state_dict``, gathered on every
@@ -87,41 +89,53 @@ def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: di
     root = checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
+    writing = ""  # the part being written, named when the disk fills
     try:
         if info.is_main:
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir(parents=True)
+            writing = "policy/"
             save_policy(policy, tmp / "policy", full)  # merged / gathered: loads in plain transformers and vLLM
             if is_lora(policy):
+                writing = f"{ADAPTER_DIR}/"
                 save_adapter(policy, tmp / ADAPTER_DIR)
+            writing = "trainer_state.pt"
             torch.save(trainer_state, tmp / "trainer_state.pt")
             for name, text in (extra_files or {}).items():
+                writing = name
                 (tmp / name).write_text(text, encoding="utf-8")
         distributed.barrier()
         if backend is not None:
+            writing = "engine/"
             backend.save_engine_state(tmp / "engine")
+        writing = f"rng_rank{info.rank}.pt"
         torch.save(rng_state(), tmp / f"rng_rank{info.rank}.pt")
         distributed.barrier()
         if info.is_main:
+            writing = "COMPLETE"
             (tmp / "COMPLETE").write_text(json.dumps({"step": step, "world_size": info.world_size}) + "\n")
     except Exception as err:  # noqa: BLE001 - torch, safetensors and the OS report a full disk each their own way
+        # Before the partial folder is removed: removing it frees the space the check looks for.
+        disk_full = _is_disk_full(err, root)
+        partial = folder_bytes(tmp) if info.is_main else 0
         if info.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        if _is_disk_full(err, root):
+        if disk_full:
             previous = latest_checkpoint(output_dir, warn=lambda _m: None)
-            raise CheckpointError(
-                f"no space left on device while writing checkpoint {final} ({shutil.disk_usage(root).free >> 20} MiB "
-                f"free on that filesystem). The partial checkpoint was removed; "
-                + (f"the previous one, {previous}, is intact. " if previous else "no earlier checkpoint exists. ")
-                + "Free space (or lower train.keep_last) and continue with train.resume=true.") from err
+            raise CheckpointError(no_space_message(
+                f"{writing} of checkpoint {final}", err, root, need=max(folder_bytes(previous), partial),
+                intact=(f"The partial checkpoint was removed; the previous one, {previous}, is intact."
+                        if previous else "The partial checkpoint was removed; no earlier checkpoint exists."),
+                fix=f"older checkpoints of this or other runs (a save needs room for one more than train.keep_last="
+                    f"{keep_last} keeps; lower it), or set output_dir on a larger disk; then continue with "
+                    "train.resume=true.")) from err
         raise
     if info.is_main:
         if final.exists():  # a checkpoint of this step from an earlier, interrupted attempt
             remove_checkpoint(final)
         tmp.rename(final)
-        for old in complete_checkpoints(output_dir)[:-keep_last]:
-            remove_checkpoint(old)
+        prune_checkpoints(output_dir, keep_last, warn=warn)
         for stale in root.iterdir():  # interrupted writes and deletions: directories that are not checkpoints
             if stale.is_dir() and (stale.name.startswith(".tmp-step-")
                                    or (_STEP_DIR.fullmatch(stale.name) and not (stale / "COMPLETE").exists())):
@@ -130,7 +144,37 @@ def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: di
     return final
 
 
+def prune_checkpoints(output_dir: str | Path, keep_last: int, warn=None) -> list[Path]:
+    """Keep the newest ``keep_last`` *intact* checkpoints (:func:`mmgpg.rundir.verify_checkpoint`) and remove the
+    older ones, so a damaged checkpoint never takes the place of an intact one. A damaged checkpoint is not counted:
+    one newer than the oldest kept stays where it is (named through ``warn``: a resume skips it); one older is removed
+    with the rest. Returns the kept intact checkpoints, newest first."""
+    from mmgpg.rundir import _warn, verify_checkpoint
+
+    warn = warn or _warn
+    kept: list[Path] = []
+    damaged: list[Path] = []
+    for candidate in reversed(complete_checkpoints(output_dir)):
+        if len(kept) >= keep_last:
+            remove_checkpoint(candidate)
+            continue
+        try:
+            verify_checkpoint(candidate)
+        except CheckpointError as err:
+            damaged.append(candidate)
+            warn(f"checkpoint {candidate} is damaged ({err}); train.keep_last does not count it")
+            continue
+        kept.append(candidate)
+    for bad in damaged:
+        if kept and int(bad.name[5:]) < int(kept[-1].name[5:]):
+            remove_checkpoint(bad)
+    return kept
+
+
 def _is_disk_full(err: BaseException, root: Path) -> bool:
+    """Whether ``err`` (raised while writing under ``root``) is a full disk: the OS said so, or the filesystem has
+    under 1 MiB free (torch reports a short write as "unexpected pos", safetensors as "os error 28"). Check before the
+    partial files are deleted."""
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
         return True
     text = str(err)
@@ -140,6 +184,63 @@ def _is_disk_full(err: BaseException, root: Path) -> bool:
         return shutil.disk_usage(root).free < 1 << 20
     except OSError:
         return False
+
+
+def folder_bytes(path: Path | None) -> int:
+    """Bytes in the files under ``path`` (0 for None or a missing folder)."""
+    if path is None or not path.exists():
+        return 0
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def no_space_message(what: str, err: BaseException, root: Path, need: int, intact: str, fix: str) -> str:
+    """The message for a write of ``what`` under ``root`` that filled the disk: what failed, the space it needs
+    (``need`` bytes, e.g. the previous checkpoint's size), what is free now, how much to free and where."""
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = 0
+    mib = 1 << 20
+    needed = (f"it needs about {need // mib + 1} MiB (the previous one's size, or what was written before the disk "
+              f"filled) and {free // mib} MiB are free on {_mount_point(root)}, so free at least "
+              f"{max(need - free, 0) // mib + 1} MiB there" if need else
+              f"{free // mib} MiB are free on {_mount_point(root)}; free at least as much as the model's weights take")
+    return (f"no space left on device while writing {what} ({type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            f"). {intact} To continue, {needed}: {fix}")
+
+
+def save_model_dir(target: Path, write, *, intact: str) -> Path:
+    """Write a folder (``write(tmp)`` fills it) as ``target`` atomically, as checkpoints are: into ``.tmp-NAME/``
+    beside it, then renamed; an older ``target`` is replaced only after the new one is complete. A kill or a full
+    disk leaves the old folder or none, never a half-written one (the temporary folder is removed, or by the next
+    write). A full disk is a :class:`CheckpointError` saying what to free; ``intact`` says what is still usable."""
+    target = Path(target)
+    tmp, old = target.with_name(f".tmp-{target.name}"), target.with_name(f".old-{target.name}")
+    for stale in (tmp, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        write(tmp)
+    except Exception as err:  # noqa: BLE001 - as in save_checkpoint
+        disk_full = _is_disk_full(err, target.parent)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if disk_full:
+            raise CheckpointError(no_space_message(
+                f"{target}", err, target.parent, need=folder_bytes(target), intact=f"Nothing was left half-written "
+                f"at {target}. {intact}", fix="delete older checkpoints or other files there, or choose an "
+                "output_dir on a larger disk.")) from err
+        raise
+    if target.exists():
+        target.rename(old)
+    tmp.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+    return target
 
 
 def load_trainer_state(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mmgpg.jsonl import read_jsonl, write_jsonl_atomic
 from mmgpg.rundir import CONFIG, read_config_tree
 
@@ -35,9 +33,16 @@ RUN_CONTROL = frozenset({
     "train.resume", "train.resume_config", "train.save_every", "train.keep_last", "train.progress",
     "train.tensorboard", "train.wandb", "train.wandb_project", "train.eval_every", "train.eval_limit",
     "train.eval_samples", "train.eval_split", "train.probe_every", "train.probe_samples", "train.probe_limit",
-    "output_dir", "device",
+    "output_dir", "device", "rollout.vllm_server_timeout", "rollout.vllm_sync_dir",
 })
-"""Keys that change how a run is driven and logged, not what it computes: they may differ on resume."""
+"""Keys that change how a run is driven and logged, not what it computes: they may differ on resume. Also
+``rollout.vllm_server`` when it only moves (:func:`_moved_server`: a server restarted on another host or port);
+switching between a colocated engine and a server is not run control."""
+
+
+def _moved_server(key: str, old: Any, new: Any) -> bool:
+    """``rollout.vllm_server`` changed from one server address to another (both non-empty)."""
+    return key == "rollout.vllm_server" and isinstance(old, str) and isinstance(new, str) and bool(old) and bool(new)
 
 
 def truncate_logs(run_dir: Path, last_step: int, warn=None) -> None:
@@ -102,7 +107,8 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 UNUSED_BY = {"train": (("sft.",), ()),
              "sft": (("algo.", "train."), ("train.split", "train.backend", "train.eval_split", "train.eval_limit"))}
 SFT_RUN_CONTROL = frozenset({"sft.save_every", "sft.eval_every", "train.keep_last", "train.eval_limit",
-                             "train.eval_split", "output_dir", "device"})
+                             "train.eval_split", "output_dir", "device", "rollout.vllm_server_timeout",
+                             "rollout.vllm_sync_dir"})
 
 
 def config_changes(old_tree: dict, new_tree: dict, command: str = "train") -> dict[str, tuple[Any, Any]]:
@@ -145,7 +151,8 @@ def check_config_changes(changes: dict[str, tuple[Any, Any]], *, checkpoint: Pat
 
     run_control = RUN_CONTROL if command == "train" else SFT_RUN_CONTROL
     steps = f"{command}.max_steps"
-    control = {k: v for k, v in changes.items() if k in run_control or (k == steps and constant_lr)}
+    control = {k: v for k, v in changes.items()
+               if k in run_control or (k == steps and constant_lr) or _moved_server(k, *v)}
     other = {k: v for k, v in changes.items() if k not in control}
     if apply and (stuck := {k: v for k, v in other.items() if k in fixed}):
         raise ConfigError([Problem(k, new, f"train.resume_config=new cannot apply it: checkpoint {checkpoint} holds a "
@@ -180,12 +187,13 @@ def check_config(cfg, checkpoint: Path, run_dir: Path, *, record: bool, command:
     ``train.resume_config=new`` applies it; record accepted changes (when ``record``). True when keys other than run
     control changed (the caller then applies them with the backend's ``apply_settings``)."""
     from mmgpg.config import to_yaml
+    from mmgpg.typed import read_yaml
 
     t = cfg.train
     old, source = read_checkpoint_config(checkpoint, run_dir)
     if old is None:
         return False
-    changes = config_changes(old, yaml.safe_load(to_yaml(cfg)), command)
+    changes = config_changes(old, read_yaml(to_yaml(cfg), "the resolved config"), command)
     constant = t.lr_scheduler == "constant" if command == "train" else True  # sft's schedule is constant
     old_rank = changes.get("model.lora.rank", (cfg.model.lora.rank,))[0]
     uses_lora = cfg.model.lora.rank > 0 or (isinstance(old_rank, int) and old_rank > 0)

@@ -24,9 +24,10 @@ from mmgpg.models.save import save_policy
 from mmgpg.rollout import build_engine
 
 # torch.optim.AdamW's default weight decay, which mmgpg sft has always used (its demo numbers depend on it).
-from mmgpg.rundir import run_dir_path
+from mmgpg.rundir import complete_checkpoints, run_dir_path
 from mmgpg.task import Example, SkipBadRows, Task, build_task
 from mmgpg.train import resume
+from mmgpg.train.checkpoint import save_model_dir
 from mmgpg.train.runlog import RunLog
 from mmgpg.train.stream import PromptStream
 from mmgpg.utils import GracefulStop, seed_everything
@@ -147,10 +148,14 @@ class SFTTrainer:
                     print(f"stopped by signal at step {self.step}; checkpoint saved (continue with "
                           "train.resume=true)", file=sys.stderr, flush=True)
                     return saved / "policy"
-        final = self.run_dir / "final"
-        # adapters merged, partitioned weights gathered: a plain Hugging Face model directory
-        save_policy(self.policy, final, self.backend.full_state_dict())
+        # adapters merged, partitioned weights gathered: a plain Hugging Face model directory, written to a
+        # temporary folder and renamed (a kill or a full disk never leaves a half-written final/)
+        done = complete_checkpoints(self.run_dir)
+        intact = (f"The last checkpoint, {done[-1]}, holds the same weights (its policy/ loads as a model)." if done
+                  else "")
+        full = self.backend.full_state_dict()
+        final = save_model_dir(self.run_dir / "final", lambda d: save_policy(self.policy, d, full), intact=intact)
         if lora.is_lora(self.policy):
-            lora.save_adapter(self.policy, self.run_dir / "final_adapter")
+            save_model_dir(self.run_dir / "final_adapter", lambda d: lora.save_adapter(self.policy, d), intact=intact)
         return final
 

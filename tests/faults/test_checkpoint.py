@@ -200,3 +200,29 @@ def test_resume_with_a_changed_config_is_refused_or_applied_and_recorded_never_r
     assert record["how"] == "train.resume_config=new"
     assert (run / "config.yaml").read_text() == provenance
     assert "learning_rate: 0.05" in (run / "checkpoints" / "step-00000003" / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("keep_last, kept", [(2, ["step-00000001", "step-00000002", "step-00000003"]),
+                                             (1, ["step-00000003"])])
+def test_pruning_keeps_the_newest_intact_checkpoints_never_a_damaged_one_instead(tmp_path, checkpoint_copy,
+                                                                                 keep_last, kept):
+    """train.keep_last counts intact checkpoints: with step-2 damaged, saving step 3 under keep_last=2 keeps step-3
+    and step-1 (the two newest intact ones; the damaged step-2, newer than step-1, is left for a look but not
+    counted). Under keep_last=1 only step-3 stays (the damaged one is older than every kept one)."""
+    from mmgpg.models.load import load_policy
+    from mmgpg.utils import safe_load
+
+    run = checkpoint_copy(tmp_path)
+    step1, step2 = run / "checkpoints" / "step-00000001", run / "checkpoints" / "step-00000002"
+    policy = load_policy(str(step1 / "policy"), device="cpu")  # (step-2's weights are mapped: not truncated below)
+    state = safe_load(step1 / "trainer_state.pt")
+    _truncate(step2 / "policy" / "model.safetensors", 0.9)
+    warnings: list[str] = []
+    ckpt_mod.save_checkpoint(run, 3, policy, state, keep_last=keep_last, warn=warnings.append)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == kept
+    intact = [p.name for p in complete_checkpoints(run) if p.name != "step-00000002"]
+    for name in intact:
+        verify_checkpoint(run / "checkpoints" / name)
+    assert len(intact) == keep_last
+    if keep_last == 2:
+        assert any("step-00000002" in w and "model.safetensors" in w for w in warnings), warnings

@@ -17,7 +17,7 @@ import pytest
 import torch
 from support.faults_support import TINY, mmgpg, steps
 
-from mmgpg.rundir import verify_checkpoint
+from mmgpg.rundir import latest_checkpoint, verify_checkpoint
 from mmgpg.train.checkpoint import load_trainer_state
 from mmgpg.typed import CheckpointError
 
@@ -154,6 +154,46 @@ def test_deepspeed_itself_never_unpickles_an_engine_file_beyond_tensors(tmp_path
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert not marker.exists(), "DeepSpeed unpickled a crafted state file"
     assert "refused:" in proc.stdout and "optim_states.pt" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+# ---- damaged DeepSpeed engine/ files: skipped like any damaged checkpoint, before DeepSpeed reads them -------------
+
+MODEL_STATES = "engine/state/mp_rank_00_model_states.pt"
+ENGINE_DAMAGE = {
+    "deleted optimizer partition": (lambda c: (c / OPTIM).unlink(), "zero_pp_rank_0_mp_rank_00_optim_states.pt is missing"),
+    "emptied optimizer partition": (lambda c: torch.save({}, c / OPTIM), "holds no 'optimizer_state_dict'"),
+    "emptied model states": (lambda c: torch.save({"ds_version": "0"}, c / MODEL_STATES), "holds no 'module'"),
+    "truncated optimizer partition": (lambda c: (c / OPTIM).write_bytes((c / OPTIM).read_bytes()[:4096]),
+                                      "optim_states.pt is unreadable"),
+}
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("case", sorted(ENGINE_DAMAGE))
+def test_each_damaged_engine_file_is_detected_before_deepspeed_reads_it(tmp_path, ds_run, case):
+    """Each of these passed verification (only engine/'s existence and the files' pickles were checked) and then
+    made DeepSpeed's load_checkpoint raise mid-resume, with no fallback."""
+    run = tmp_path / "run"
+    shutil.copytree(ds_run, run)
+    damage, words = ENGINE_DAMAGE[case]
+    newest = run / "checkpoints" / "step-00000002"
+    damage(newest)
+    with pytest.raises(CheckpointError, match=words):
+        verify_checkpoint(newest)
+    warnings: list[str] = []
+    assert latest_checkpoint(run, warn=warnings.append) == run / "checkpoints" / "step-00000001"
+    assert len(warnings) == 1 and "step-00000002" in warnings[0]
+
+
+@needs_deepspeed
+def test_a_resume_past_a_damaged_engine_file_falls_back_to_the_intact_checkpoint(tmp_path, ds_run):
+    run = tmp_path / "run"
+    shutil.copytree(ds_run, run)
+    (run / "checkpoints" / "step-00000002" / OPTIM).unlink()
+    proc = mmgpg("train", *DS, "train.max_steps=3", "train.save_every=1", "train.resume=true", f"output_dir={run}")
+    assert "Traceback" not in proc.stderr
+    assert "skipping checkpoint" in proc.stderr and "step-00000002" in proc.stderr and "is missing" in proc.stderr
+    assert steps(run) == [1, 2, 3]  # resumed from the intact step 1, as the plain backend does
 
 
 # ---- a task file named by someone else's run directory ------------------------------------------------------------

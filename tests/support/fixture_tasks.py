@@ -56,6 +56,22 @@ class NaNRewardShapes(ShapesTask):
 
 
 @dataclass
+class MisbehavingShapes(ShapesTask):
+    """A buggy task for ``mmgpg check``: its accuracy reward is always NaN and its ``success`` returns a number (the
+    format reward), not a bool."""
+
+    name: ClassVar[str] = "misbehaving_shapes"
+    version: ClassVar[str] = "test"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.rewards = {**self.rewards, "accuracy": lambda c, ex: float("nan")}
+
+    def success(self, completion: str, example: Example, rewards) -> bool:
+        return rewards["format"]  # a float: the bug `mmgpg check` must report
+
+
+@dataclass
 class JudgeCountingScenes(ScenesTask):
     """The scenes task (count_mc) recording each judge call as ``(example id, protocol)`` in :attr:`judged`."""
 

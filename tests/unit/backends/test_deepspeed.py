@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -279,6 +280,15 @@ def test_zero3_checkpoint_policy_loads_in_transformers_and_answers_like_the_live
     checkpoint = Path(live["checkpoint"])
     assert verify_checkpoint(checkpoint)["world_size"] == 2
     assert (checkpoint / "engine").is_dir()  # DeepSpeed's partitioned optimizer state beside policy/
+    # ZeRO-3 on 2 ranks: per-rank model states and optimizer partitions, each one checked (rundir.engine_files)
+    from mmgpg.typed import CheckpointError
+
+    for name in ("zero_pp_rank_1_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"):
+        damaged = tmp_path / f"damaged-{name}"
+        shutil.copytree(checkpoint, damaged)
+        (damaged / "engine" / "state" / name).unlink()
+        with pytest.raises(CheckpointError, match=f"engine/state/{name} is missing"):
+            verify_checkpoint(damaged)
 
     model = AutoModelForImageTextToText.from_pretrained(checkpoint / "policy", dtype=torch.float32)
     initial = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
@@ -389,3 +399,42 @@ def test_sft_on_zero3_equals_sft_on_plain(tmp_path):
         torch.testing.assert_close(b[k], a[k], atol=1e-5, rtol=0)  # measured 1.1e-6; one AdamW step moves ~1e-3
         initial[k] = float(a[k].abs().sum())
     assert all(v > 0 for v in initial.values()), "a gathered tensor came back empty"
+
+
+@pytest.mark.parametrize("user, key, fix", [
+    ({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": True}}},
+     "zero_optimization.offload_optimizer", "train.offload_optimizer=true"),
+    ({"zero_optimization": {"offload_param": {"device": "nvme", "nvme_path": "/nvme"}}},
+     "zero_optimization.offload_param", "train.offload_params=true"),
+    ({"zero_optimization": {"cpu_offload": True}}, "zero_optimization.cpu_offload", "train.offload_optimizer=true"),
+    ({"zero_optimization": {"cpu_offload_param": True}}, "zero_optimization.cpu_offload_param",
+     "train.offload_params=true"),
+    ({"train_batch_size": 64}, "train_batch_size", "train.micro_batch_prompts"),
+    ({"amp": {"enabled": True}}, "amp", "model.dtype"),
+    ({"zero_optimization": 3}, "zero_optimization", "a JSON object"),
+    ({"bf16": True}, "bf16", "a JSON object"),
+    ({"gradient_clipping": {"value": 1.0}}, "gradient_clipping", "a single value"),
+])
+def test_user_json_cannot_turn_on_offload_or_break_what_mmgpg_sets(tmp_path, user, key, fix):
+    """Keys that passed the check and then crashed inside DeepSpeed (train_batch_size against mmgpg's batch
+    bookkeeping, a section given as a scalar) or changed the run behind mmgpg's keys (offload, which the planner and
+    the offload checks never saw; apex AMP): each is refused naming the key and the mmgpg setting to use."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(user))
+    problems = _problems("train.backend=deepspeed", "train.zero_stage=3", f"train.deepspeed_config={path}")
+    if not HAVE_DEEPSPEED:
+        problems = [p for p in problems if "not installed" not in p]
+    assert len(problems) == 1, problems
+    assert str(path) in problems[0] and f"{key}" in problems[0] and fix in problems[0], problems[0]
+
+
+def test_user_json_may_tune_offload_that_mmgpg_turned_on(tmp_path):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": True},
+                                                      "offload_param": {"device": "none"}},
+                                "train_batch_size": "auto"}))
+    derived, sources = deepspeed_config.derive(3, True, False, 1.0, bf16=False)
+    merged = deepspeed_config.merge(derived, sources, deepspeed_config.read_user_config(str(path)), str(path))
+    assert merged["zero_optimization"]["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert merged["zero_optimization"]["offload_param"] == {"device": "none"}  # "none": offload stays off
+    assert "train_batch_size" not in merged

@@ -105,7 +105,7 @@ def test_user_config_dir_and_file_groups(tmp_path):
     assert resolve([f"rollout={loose}"]).config.rollout.group_size == 3
     bad = tmp_path / "bad.yaml"
     bad.write_text("rollout: [1, 2\n")
-    with pytest.raises(ConfigError, match="Could not read it as YAML"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml:2: Not valid YAML"):
         resolve([f"rollout={bad}"])
     listed = tmp_path / "list.yaml"
     listed.write_text("- 1\n- 2\n")

@@ -98,6 +98,37 @@ def test_drift_fit_recovers_c():
     assert fit["natural"]["sse"] < fit["euclidean"]["sse"]
 
 
+def test_drift_fit_skipped_steps_move_nothing():
+    """A skipped step (no informative group: the trainer logs ``gpg/alpha: null`` and makes no update) adds nothing
+    to x_t, and its rollout still counts as an observation at the x reached before it. Steps 1..8 with step 3 and 6
+    skipped: the fit is exactly the fit of the same data with those steps' α set to 0."""
+    G, lr, c = 10**6, 1e-3, 40.0
+    alphas = {s: (None if s in (3, 6) else 1.0 + 0.1 * s) for s in range(1, 9)}
+    metrics = [{"step": s, "gpg/alpha": a, "lr": lr} for s, a in alphas.items()]
+    p_ref = {"a": 0.1, "b": 0.4}
+    x, acc = {}, 0.0
+    for s, a in alphas.items():
+        x[s] = acc
+        acc += (a or 0.0) * lr * (1 - 1 / G)
+    visits = [visit(s, pid, round(G / (1 + math.exp(-(math.log(p / (1 - p)) + c * x[s])))), G=G)
+              for s in x for pid, p in p_ref.items()]
+    fit = D.drift_fit(visits, metrics, p_ref, G)
+    assert fit["steps"] == list(range(1, 9))  # the skipped steps' rollouts are observations too
+    assert fit["x_final"] == pytest.approx(acc)
+    assert fit["natural"]["c"] == pytest.approx(c, rel=1e-3)
+
+
+def test_diagnose_run_with_a_skipped_step(tmp_path, capsys):
+    run = tmp_path / "run"
+    write_synthetic_run(run, {"a": 0.5, "b": 0.3, "c": 0.7, "d": 0.5}, steps=6)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows[2]["gpg/alpha"] = None  # step 3 had no informative group
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["diagnose", str(run)]) == 0
+    report = json.loads((run / "diagnose" / "diagnose.json").read_text())
+    assert 3 in report["drift"]["steps"]
+
+
 def write_synthetic_run(run: Path, p_true: dict[str, float], steps: int = 40, G: int = 4, seed: int = 0) -> None:
     save_config(resolve(["algo=gpg", f"rollout.group_size={G}", "train.prompts_per_step=4"]), run, "train")
     rng = random.Random(seed)
