@@ -21,7 +21,7 @@ def test_builtin_tasks_are_entry_points_of_mmgpg_tasks():
 def test_unknown_task_lists_available_and_suggests():
     with pytest.raises(TaskNotFound) as info:
         find_task_class("shaeps")
-    assert "available: cv_bench, digits, fine_grained, geoqa, lisa_grounding, scenes, shapes" in str(info.value)
+    assert "available: arith, cv_bench, digits, fine_grained, geoqa, lisa_grounding, scenes, shapes" in str(info.value)
     assert "Did you mean 'shapes'?" in str(info.value)
 
 
