@@ -47,7 +47,7 @@ class DemoSettings:
 VL_SETUP = ("shapes", "tiny", 32, "test images", "chance is 0.20")
 TEXT_SETUP = ("arith", "tiny_qwen2", 48, "test sums", "a random model scores 0; a uniform guess of 0-198 would be 0.005")
 
-TEXT_DEFAULTS: dict[str, object] = dict(sft_steps=200, gpg_steps=200, gpg_lr=5e-4, eval_every=50)
+TEXT_DEFAULTS: dict[str, object] = dict(sft_steps=300, gpg_steps=150, eval_every=50)
 """The text demo's settings where they differ from the VL demo's (chosen by the runs in docs/demo.md)."""
 
 
