@@ -42,3 +42,14 @@ def test_text_defaults_apply_only_with_text_and_flags_override_them():
     assert any(getattr(vl, k) != v for k, v in TEXT_DEFAULTS.items())
     given = demo_settings(True, gpg_steps=7, sft_lr=None)
     assert given.gpg_steps == 7 and given.sft_lr == text.sft_lr
+
+
+def test_the_evaluation_panel_plots_rates_not_counts():
+    from mmgpg.train.plots import panel_series
+
+    rows = [{"step": 0, "eval/accuracy": 0.6, "eval/parse_failures": 70.0, "eval/sampled_parse_failures": 9.0,
+             "eval/num_samples": 300.0, "eval/sampled_accuracy": 0.4},
+            {"step": 50, "eval/accuracy": 0.8, "eval/parse_failures": 50.0, "eval/num_samples": 300.0}]
+    (title, lines), = panel_series(rows)
+    assert title.startswith("evaluation")
+    assert lines == {"eval/accuracy": ([0, 50], [0.6, 0.8]), "eval/sampled_accuracy": ([0], [0.4])}
