@@ -15,8 +15,10 @@ addition of pairs the model never saw, not recall. Items are a pure function of 
 
 A record (``split="test"``, index 0, seed 0) looks like::
 
-    Example(id="arith-test-0", images=[], question="What is 31 + 8? Output the thinking process in <think> </think>
-            and final answer (number) in <answer> </answer> tags.", answer=39, meta={"a": 31, "b": 8})
+    Example(id="arith-test-0", images=[], question="What is 97 + 70? Output the thinking process in <think> </think>
+            and final answer (number) in <answer> </answer> tags.", answer=167, meta={"a": 97, "b": 70})
+
+and its gold completion is ``<think>7+0=7 9+7=16</think><answer>167</answer>``.
 
 Rewards: ``accuracy`` (the ``<answer>`` holds exactly the sum, :func:`mmgpg.task.rewards.integer_accuracy`; the
 steps in ``<think>`` are not checked) and ``format`` (``<think>…</think><answer>…</answer>``, the GPG authors' rule on
