@@ -1,6 +1,7 @@
 """Markdown table of several `mmgpg demo` runs (one per seed): before/after accuracy, greedy and sampled, mean ± std.
 
     python bench/demo_table.py RUN_DIR [RUN_DIR ...]        # each holds the summary.json that `mmgpg demo` writes
+    python bench/demo_table.py docs/demo_runs/text-seed*-summary.json   # or the summary files themselves
 
 The std is the sample standard deviation over runs (n − 1), the seed-to-seed spread.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 def load(run: str) -> dict:
     path = Path(run)
-    path = path if path.name == "summary.json" else path / "summary.json"
+    path = path if path.suffix == ".json" else path / "summary.json"
     if not path.is_file():
         raise SystemExit(f"error: {path} does not exist (run `mmgpg demo --output {run}` first)")
     return json.loads(path.read_text())

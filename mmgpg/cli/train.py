@@ -27,14 +27,14 @@ def cmd_sft(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from mmgpg.train.demo import DemoSettings, run_demo
+    from mmgpg.train.demo import demo_settings, run_demo
     from mmgpg.utils import console
 
-    settings = DemoSettings(output=args.output or "", seed=args.seed, sft_steps=args.sft_steps,
-                            gpg_steps=args.gpg_steps, eval_limit=args.eval_limit, eval_every=args.eval_every,
-                            prompts_per_step=args.prompts_per_step, algo=args.algo, threads=args.threads,
-                            sft_lr=args.sft_lr, gpg_lr=args.lr, lr_scheduler=args.lr_scheduler,
-                            overrides=tuple(args.set), rl_overrides=tuple(args.rl_set))
+    settings = demo_settings(args.text, output=args.output or "", seed=args.seed, sft_steps=args.sft_steps,
+                             gpg_steps=args.gpg_steps, eval_limit=args.eval_limit, eval_every=args.eval_every,
+                             prompts_per_step=args.prompts_per_step, algo=args.algo, threads=args.threads,
+                             sft_lr=args.sft_lr, gpg_lr=args.lr, lr_scheduler=args.lr_scheduler,
+                             overrides=tuple(args.set), rl_overrides=tuple(args.rl_set))
     if args.quick:
         settings.sft_steps, settings.gpg_steps, settings.eval_limit, settings.eval_every = 4, 2, 8, 1
         settings.eval_samples = 2
@@ -52,26 +52,35 @@ def register(sub) -> None:
     add_config_args(p)
     p.set_defaults(func=cmd_train)
 
-    from mmgpg.train.demo import DemoSettings
+    from mmgpg.train.demo import TEXT_DEFAULTS, DemoSettings
 
     d = DemoSettings()
+
+    def default(name: str) -> str:
+        """The help text's default: the VL demo's value, and the text demo's where it differs."""
+        text = TEXT_DEFAULTS.get(name)
+        return f"default {getattr(d, name)}" + (f"; --text: {text}" if text is not None else "")
+
     p = sub.add_parser("demo", help="offline CPU demo: tiny Qwen2-VL, SFT warm start, GPG, before/after + plots",
                        description="Build a tiny Qwen2-VL offline, warm-start it with SFT on the embedded shapes task, "
                        "evaluate it, train it with GPG, evaluate again, print a before/after table and write PNG "
-                       "plots. About 8 minutes on 2 CPU cores with the defaults; --quick runs a seconds-long version.")
+                       "plots. About 8 minutes on 2 CPU cores with the defaults; --quick runs a seconds-long version. "
+                       "--text runs the same stages on the tiny text-only Qwen2 and the arith task (add two numbers).")
+    p.add_argument("--text", action="store_true",
+                   help="the text demo: model=tiny_qwen2 (text-only Qwen2) on task=arith instead of Qwen2-VL on shapes")
     p.add_argument("--output", help="run directory (default runs/demo-<time>)")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--sft-steps", type=int, default=d.sft_steps)
-    p.add_argument("--gpg-steps", type=int, default=d.gpg_steps, help="RL steps")
-    p.add_argument("--prompts-per-step", type=int, default=d.prompts_per_step)
-    p.add_argument("--eval-limit", type=int, default=d.eval_limit, help="test images per evaluation")
-    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--sft-steps", type=int, help=default("sft_steps"))
+    p.add_argument("--gpg-steps", type=int, help="RL steps (" + default("gpg_steps") + ")")
+    p.add_argument("--prompts-per-step", type=int, help=default("prompts_per_step"))
+    p.add_argument("--eval-limit", type=int, help="test items per evaluation (" + default("eval_limit") + ")")
+    p.add_argument("--eval-every", type=int, help=default("eval_every"))
     p.add_argument("--algo", default=d.algo, help="any configs/algo/ name (default gpg)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--sft-lr", type=float, default=d.sft_lr)
-    p.add_argument("--lr", type=float, default=d.gpg_lr, help="RL learning rate")
-    p.add_argument("--lr-scheduler", choices=["constant", "linear", "cosine"], default=d.lr_scheduler,
-                   help="RL learning-rate schedule")
+    p.add_argument("--sft-lr", type=float, help=default("sft_lr"))
+    p.add_argument("--lr", type=float, help="RL learning rate (" + default("gpg_lr") + ")")
+    p.add_argument("--lr-scheduler", choices=["constant", "linear", "cosine"],
+                   help="RL learning-rate schedule (" + default("lr_scheduler") + ")")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra config override for SFT and RL, e.g. --set task.format_reward=false (repeatable)")
     p.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",

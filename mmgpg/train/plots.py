@@ -11,8 +11,27 @@ PANELS = (
     ("reward/total", "reward (sampled, all attempts)"),
     ("gpg/valid_fraction", "valid fraction (B-M)/B"),
     ("gpg/alpha", "alpha = B/(B-M)"),
-    ("eval/", "evaluation (greedy)"),
+    ("eval/", "evaluation (greedy; sampled_*: mean of the samples)"),
 )
+COUNTS = ("eval/num_samples", "parse_failures")
+"""Evaluation keys that are counts, not rates (left out of the evaluation panel, whose scale is 0–1)."""
+
+
+def panel_series(rows: list[dict]) -> list[tuple[str, dict[str, tuple[list[int], list[float]]]]]:
+    """``[(title, {metric: (steps, values)})]`` for each panel of :data:`PANELS` that has data in ``rows``."""
+    series = []
+    for key, title in PANELS:
+        lines: dict[str, tuple[list[int], list[float]]] = {}
+        for r in rows:
+            for k, v in r.items():
+                if (k == key or (key.endswith("/") and k.startswith(key) and not k.endswith(COUNTS))) \
+                        and isinstance(v, (int, float)):
+                    xs, ys = lines.setdefault(k, ([], []))
+                    xs.append(r["step"])
+                    ys.append(v)
+        if lines:
+            series.append((title, lines))
+    return series
 
 
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
@@ -25,18 +44,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     rows = read_metrics(run_dir)
     out = Path(out_dir) if out_dir else Path(run_dir) / "plots"
     out.mkdir(parents=True, exist_ok=True)
-    series: list[tuple[str, dict[str, tuple[list[int], list[float]]]]] = []
-    for key, title in PANELS:
-        lines: dict[str, tuple[list[int], list[float]]] = {}
-        for r in rows:
-            for k, v in r.items():
-                if (k == key or (key.endswith("/") and k.startswith(key) and k != "eval/num_samples")) \
-                        and isinstance(v, (int, float)):
-                    xs, ys = lines.setdefault(k, ([], []))
-                    xs.append(r["step"])
-                    ys.append(v)
-        if lines:
-            series.append((title, lines))
+    series = panel_series(rows)
     written = []
     for title, lines in series:
         fig, ax = plt.subplots(figsize=(5, 3.2))

@@ -35,6 +35,8 @@ def test_demo_table_mean_and_spread(tmp_path):
                                                       "accuracy_after": ga, "sampled_accuracy_before": 0.25,
                                                       "sampled_accuracy_after": 0.5}))
         runs.append(module.load(str(run)))
+    (tmp_path / "s1-summary.json").write_text((tmp_path / "s1" / "summary.json").read_text())
+    assert module.load(str(tmp_path / "s1-summary.json")) == runs[1]  # a copied summary file, e.g. docs/demo_runs/
     text = module.table(runs)
     assert "| 0 | 0.500 | 0.700 | +0.200 | 0.250 | 0.500 | +0.250 |" in text
     # gains +0.2 and 0.0: mean 0.1, sample std sqrt(0.02) = 0.141

@@ -17,3 +17,10 @@ def test_text_policy_and_lora_doctests():
     for module, least in ((mmgpg.models.text, 1), (mmgpg.models.lora, 4)):
         result = doctest.testmod(module)
         assert result.attempted >= least and result.failed == 0, module.__name__
+
+
+def test_arith_task_doctests():
+    import mmgpg_tasks.arith
+
+    result = doctest.testmod(mmgpg_tasks.arith)
+    assert result.attempted >= 1 and result.failed == 0

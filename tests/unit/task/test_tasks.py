@@ -24,7 +24,7 @@ def test_unknown_task_lists_available_and_suggests():
     listed = str(info.value).split("available: ", 1)[1].split("; or give", 1)[0].split(", ")
     assert listed == sorted(listed)
     assert {"cv_bench", "digits", "fine_grained", "geoqa", "lisa_grounding", "scenes", "shapes", "math",
-            "math_500", "aime24"} <= set(listed)
+            "math_500", "aime24", "arith"} <= set(listed)
     assert "Did you mean 'shapes'?" in str(info.value)
 
 
