@@ -34,27 +34,8 @@ CHAMP_VERSION=1.0.0
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BASE=${LIGHTEVAL_ENV_BASE:-$REPO/.venv/bin/python}
 
-if [[ -z "${LIGHTEVAL_ENV_KEEP_PIP_CONFIG:-}" ]]; then
-  unset PIP_FIND_LINKS PIP_CONSTRAINT PIP_EXTRA_INDEX_URL PIP_INDEX_URL
-  export PIP_CONFIG_FILE=/dev/null
-fi
-export PIP_DISABLE_PIP_VERSION_CHECK=1
-
-stage() {  # stage NAME -- prints the time each stage took
-  STAGE_NAME=$1; STAGE_T0=$(date +%s); echo "== [$(date -u +%H:%M:%S)] $STAGE_NAME"
-}
-done_stage() { echo "   $STAGE_NAME: $(( $(date +%s) - STAGE_T0 )) s"; }
-T_ALL=$(date +%s)
-
-PY="$TARGET/bin/python"
-PIP=("$PY" -m pip)
-
-stage "venv"
-if [[ ! -x "$PY" ]]; then
-  "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), f"python >= 3.11 needed, got {sys.version}"'
-  "$PYTHON" -m venv "$TARGET"
-fi
-done_stage
+source "$(dirname "${BASH_SOURCE[0]}")/env-common.sh" LIGHTEVAL_ENV_KEEP_PIP_CONFIG
+make_venv
 
 SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 stage "torch, transformers, numpy, scipy, pydantic, huggingface_hub (base: $BASE)"
