@@ -12,6 +12,36 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+WANDB_RUN_ID = "wandb_run_id"
+"""The file in the run directory that holds the run's W&B id (one line), so a resumed run continues its W&B run."""
+
+
+def saved_wandb_id(run_dir: Path, *, resuming: bool) -> str | None:
+    """The W&B run id to continue: on a resume from a checkpoint (``resuming``), the one in ``run_dir/wandb_run_id``
+    (written by :func:`save_wandb_id` at the first start); None for a new run, a run that starts over at step 0
+    (its steps would go back, so it is a new W&B run), or when that file is missing or empty."""
+    path = Path(run_dir) / WANDB_RUN_ID
+    if not resuming or not path.is_file():
+        return None
+    return path.read_text(encoding="utf-8").strip() or None
+
+
+def save_wandb_id(run_dir: Path, run_id: str) -> None:
+    """Write the W&B run id to ``run_dir/wandb_run_id`` atomically (:func:`mmgpg.jsonl.write_text_atomic`)."""
+    from mmgpg.jsonl import write_text_atomic
+
+    write_text_atomic(Path(run_dir) / WANDB_RUN_ID, run_id + "\n")
+
+
+def wandb_init_kwargs(project: str, run_dir: Path, config: dict[str, Any], run_id: str | None) -> dict[str, Any]:
+    """``wandb.init``'s arguments, its files under ``run_dir/wandb/``: with a saved ``run_id``, that id and
+    ``resume="allow"`` (continue the W&B run of that id, or create it if W&B has none); without one, a new run whose
+    id W&B chooses (saved afterwards with :func:`save_wandb_id`)."""
+    kwargs: dict[str, Any] = {"project": project, "dir": str(run_dir), "config": config}
+    if run_id is not None:
+        kwargs.update(id=run_id, resume="allow")
+    return kwargs
+
 
 class RunLog:
     """The one writer of a run's ``metrics.jsonl`` (``mmgpg train`` and ``mmgpg sft``). ``total_steps``,
@@ -37,8 +67,9 @@ class RunLog:
 
             from mmgpg.config import to_dict
 
-            self.wandb = wandb.init(project=cfg.train.wandb_project, dir=str(self.run_dir), config=to_dict(cfg),
-                                    resume="allow")
+            run_id = saved_wandb_id(self.run_dir, resuming=start_step > 0)
+            self.wandb = wandb.init(**wandb_init_kwargs(t.wandb_project, self.run_dir, to_dict(cfg), run_id))
+            save_wandb_id(self.run_dir, self.wandb.id)
 
     def log(self, metrics: dict[str, Any]) -> None:
         """One step's metrics (non-finite and non-numeric values are kept in the JSONL, skipped as scalars)."""

@@ -60,3 +60,42 @@ def test_status_every_s_must_not_be_negative():
         resolve(["train.status_every_s=-1"])
     assert "set train.status_every_s=60" in str(info.value)
     assert resolve(["train.status_every_s=0"]).config.train.status_every_s == 0
+
+
+
+def test_the_wandb_id_is_reused_only_on_a_resume_from_a_checkpoint(tmp_path):
+    from mmgpg.train.runlog import WANDB_RUN_ID, save_wandb_id, saved_wandb_id, wandb_init_kwargs
+
+    assert saved_wandb_id(tmp_path, resuming=True) is None  # never saved
+    assert wandb_init_kwargs("mmgpg", tmp_path, {"seed": 0}, None) == {
+        "project": "mmgpg", "dir": str(tmp_path), "config": {"seed": 0}}  # a new run: W&B picks the id
+    save_wandb_id(tmp_path, "abc123")
+    assert (tmp_path / WANDB_RUN_ID).read_text() == "abc123\n"
+    assert saved_wandb_id(tmp_path, resuming=True) == "abc123"
+    assert saved_wandb_id(tmp_path, resuming=False) is None  # starting over at step 0: a new W&B run
+    assert wandb_init_kwargs("mmgpg", tmp_path, {}, "abc123") == {
+        "project": "mmgpg", "dir": str(tmp_path), "config": {}, "id": "abc123", "resume": "allow"}
+    (tmp_path / WANDB_RUN_ID).write_text("\n")
+    assert saved_wandb_id(tmp_path, resuming=True) is None
+
+
+def test_a_resumed_runlog_continues_the_same_wandb_run(tmp_path, monkeypatch):
+    """Real wandb in offline mode (nothing leaves the machine): the second RunLog, resuming at step 2, opens the
+    W&B run of the first."""
+    import pytest
+
+    pytest.importorskip("wandb")
+    from mmgpg.config import resolve
+    from mmgpg.train.runlog import WANDB_RUN_ID, RunLog
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = resolve(["train.wandb=true", "train.tensorboard=false", "train.progress=false"]).config
+    ids = []
+    for start in (0, 2, 0):
+        log = RunLog(tmp_path, cfg, start_step=start, is_main=True)
+        ids.append(log.wandb.id)
+        log.log({"step": start + 1, "reward/total": 0.5})
+        log.close()
+        assert (tmp_path / WANDB_RUN_ID).read_text() == ids[-1] + "\n"
+    assert ids[1] == ids[0] and ids[2] != ids[0]  # resumed: the same run; started over: a new one
