@@ -99,11 +99,12 @@ class _NotCpuNotice(logging.Filter):
 
 @contextlib.contextmanager
 def quiet_deepspeed_import():
-    """Inside (wrap ``import deepspeed``): DeepSpeed's "Setting accelerator to CPU. If you have GPU or other
+    """Inside (around ``import deepspeed``, and around transformers' ``save_pretrained`` / ``from_pretrained``, in
+    which accelerate imports DeepSpeed when it is installed): DeepSpeed's "Setting accelerator to CPU. If you have GPU or other
     accelerator, we were unable to detect it." is dropped, every other message of its ``DeepSpeed`` logger kept.
     DeepSpeed logs it exactly when ``torch.cuda.is_available()`` is false, so on a CPU run (and ``mmgpg plan`` on a
     login node) it is noise; a run that asks for ``device=cuda`` without one is refused by mmgpg itself. Only this
-    record, only during the import: a filter on the ``DeepSpeed`` logger, removed on exit."""
+    record, only inside: a filter on the ``DeepSpeed`` logger, removed on exit."""
     logger, only = logging.getLogger("DeepSpeed"), _NotCpuNotice()
     logger.addFilter(only)
     try:

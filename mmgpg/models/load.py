@@ -173,9 +173,10 @@ def load_policy(
         with torch.device("meta"):
             model = no_remote_code(auto.from_config, config, **kwargs)
     else:
-        from mmgpg.utils import no_transformers_bars
+        from mmgpg.utils import no_transformers_bars, quiet_deepspeed_import
 
-        with no_transformers_bars():  # no "Loading weights" bar at every load (downloads keep the hub's bars)
+        # no "Loading weights" bar at every load (downloads keep the hub's bars)
+        with no_transformers_bars(), quiet_deepspeed_import():
             model, loaded = no_remote_code(auto.from_pretrained, path, output_loading_info=True, **kwargs)
         check_loaded(name_or_path, loaded)
         model = model.to(device)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from mmgpg.models.lora import is_lora, merged_state_dict
-from mmgpg.utils import no_transformers_bars
+from mmgpg.utils import no_transformers_bars, quiet_deepspeed_import
 
 
 def save_policy(policy, directory: str | Path, full_state_dict: dict[str, torch.Tensor] | None = None) -> None:
@@ -19,7 +19,8 @@ def save_policy(policy, directory: str | Path, full_state_dict: dict[str, torch.
     merged, and the processor. ``full_state_dict``: the gathered weights when the model's own are partitioned
     (DeepSpeed ZeRO-3, which the config does not combine with LoRA)."""
     directory = Path(directory)
-    with no_transformers_bars():  # no "Writing model shards" bar at every checkpoint
+    # no "Writing model shards" bar at every checkpoint; accelerate imports DeepSpeed (when installed) in the save
+    with no_transformers_bars(), quiet_deepspeed_import():
         if is_lora(policy):
             policy.model.save_pretrained(directory, state_dict=merged_state_dict(policy.model))
         else:

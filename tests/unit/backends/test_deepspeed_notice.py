@@ -62,3 +62,20 @@ def test_inside_the_import_only_the_notice_is_dropped_and_the_filter_goes_after(
     finally:
         logger.removeHandler(keep)
     assert seen == ["ZeRO offload needs more CPU memory", NOTICE + " (after the import)"]
+
+
+@needs_deepspeed
+def test_a_model_load_and_save_drop_it(tmp_path):
+    """accelerate imports DeepSpeed inside transformers' ``from_pretrained`` / ``save_pretrained`` when it is
+    installed: a plain CPU run's first load or checkpoint logged the notice."""
+    from mmgpg.models.load import resolve_model_path
+
+    path = f"path = {resolve_model_path('tiny:qwen2')!r}\n"  # built here, once: the build imports DeepSpeed too
+    assert NOTICE in run(path + "from transformers import AutoModelForCausalLM\n"  # the reference: transformers itself
+                         "model = AutoModelForCausalLM.from_pretrained(path)\n"
+                         f"model.save_pretrained({str(tmp_path / 'plain')!r})")
+    out = run(path + "from mmgpg.models.load import load_policy\nfrom mmgpg.models.save import save_policy\n"
+              "policy = load_policy(path, dtype='float32', device='cpu')\n"
+              f"save_policy(policy, {str(tmp_path / 'ours')!r})")
+    assert NOTICE not in out, out
+    assert (tmp_path / "ours" / "model.safetensors").is_file()
