@@ -1,9 +1,10 @@
-"""Small run plumbing: seeding, graceful stops on SIGTERM/Ctrl-C, the console, the safe ``torch.load``, measured
-peak memory per phase."""
+"""Small run plumbing: seeding, graceful stops on SIGTERM/Ctrl-C, the console, transformers' progress bars off around
+mmgpg's own saves and loads, DeepSpeed's import without its CPU notice, the safe ``torch.load``, measured peak memory per phase."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import re
 import signal
@@ -54,6 +55,62 @@ def console():
     from rich.console import Console
 
     return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+@contextlib.contextmanager
+def no_transformers_bars():
+    """Inside: transformers' own progress bars ("Writing model shards" on every ``save_pretrained``, "Loading weights"
+    on every ``from_pretrained``) are not drawn; they would repeat at every checkpoint of a run's log. Only these
+    bars: through ``transformers.utils.logging.set_tqdm_hook``, whose previous hook (the user's, if any) is chained
+    and put back on exit, so the user's setting (``disable_progress_bar()``, ``HF_HUB_DISABLE_PROGRESS_BARS``) and
+    the hub's download bars are untouched. Transformers without the hook: its ``disable_progress_bar()``, undone on
+    exit when the bars were on."""
+    from transformers.utils import logging as hf_logging
+
+    if not hasattr(hf_logging, "set_tqdm_hook"):
+        was_on = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            yield
+        finally:
+            if was_on:
+                hf_logging.enable_progress_bar()
+        return
+
+    def quiet(factory, args, kwargs):
+        kwargs = {**kwargs, "disable": True}
+        return previous(factory, args, kwargs) if previous is not None else factory(*args, **kwargs)
+
+    previous = hf_logging.set_tqdm_hook(quiet)
+    try:
+        yield
+    finally:
+        hf_logging.set_tqdm_hook(previous)
+
+
+DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU"
+"""The start of the warning DeepSpeed (0.19) logs at import when torch sees no CUDA device."""
+
+
+class _NotCpuNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(DEEPSPEED_CPU_NOTICE)
+
+
+@contextlib.contextmanager
+def quiet_deepspeed_import():
+    """Inside (around ``import deepspeed``, and around transformers' ``save_pretrained`` / ``from_pretrained``, in
+    which accelerate imports DeepSpeed when it is installed): DeepSpeed's "Setting accelerator to CPU. If you have GPU or other
+    accelerator, we were unable to detect it." is dropped, every other message of its ``DeepSpeed`` logger kept.
+    DeepSpeed logs it exactly when ``torch.cuda.is_available()`` is false, so on a CPU run (and ``mmgpg plan`` on a
+    login node) it is noise; a run that asks for ``device=cuda`` without one is refused by mmgpg itself. Only this
+    record, only inside: a filter on the ``DeepSpeed`` logger, removed on exit."""
+    logger, only = logging.getLogger("DeepSpeed"), _NotCpuNotice()
+    logger.addFilter(only)
+    try:
+        yield
+    finally:
+        logger.removeFilter(only)
 
 
 class PeakMemory:

@@ -33,8 +33,11 @@ from mmgpg.models.load import resolve_device
 
 
 def _import_deepspeed():
+    from mmgpg.utils import quiet_deepspeed_import
+
     try:
-        import deepspeed
+        with quiet_deepspeed_import():
+            import deepspeed
     except ImportError as err:
         raise ImportError(f"train.backend=deepspeed needs the deepspeed package: {INSTALL_HINT}") from err
     return deepspeed

@@ -239,8 +239,10 @@ def deepspeed_estimate(params: int, largest_layer_params: int, gpus_per_node: in
     import contextlib
     import sys
 
+    from mmgpg.utils import quiet_deepspeed_import
+
     try:  # deepspeed logs its accelerator choice to stdout on import: keep stdout for the plan (--json)
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), quiet_deepspeed_import():
             from deepspeed.runtime.zero import stage3, stage_1_and_2
     except ImportError:
         return {"available": False, "note": "deepspeed is not installed (pip install 'mmgpg[deepspeed]'): "

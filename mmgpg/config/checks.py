@@ -87,6 +87,9 @@ def check(cfg: Config, *, task: bool = True) -> list[Problem]:
     if t.eval_every < 0 or t.eval_limit < 0:
         p.append(Problem("train.eval_every", (t.eval_every, t.eval_limit), "eval_every and eval_limit are >= 0.",
                          "set train.eval_every=0 or a positive step count."))
+    if t.status_every_s < 0:  # NaN and infinity are refused for every number already
+        p.append(Problem("train.status_every_s", t.status_every_s, "It must be a number of seconds >= 0.",
+                         "set train.status_every_s=60 (0: no status lines)."))
     if t.learning_rate <= 0:
         p.append(Problem("train.learning_rate", t.learning_rate, "It must be > 0.", "set train.learning_rate=1e-6."))
     if t.lr_scheduler == "cosine_with_min_lr" and not 0 <= t.min_lr_rate < 1:

@@ -225,7 +225,11 @@ class TrainConfig:
     wandb_project: str = "mmgpg"
     """W&B project name."""
     progress: bool = True
-    """Show a progress bar (rank 0)."""
+    """Show a progress bar (rank 0). When stdout is not a terminal (SLURM, nohup, a pipe), where a bar would print
+    nothing until the run ends, print a plain status line every ``status_every_s`` seconds instead."""
+    status_every_s: float = 60.0
+    """With ``progress`` on and stdout not a terminal: seconds between status lines (step, reward, valid fraction,
+    α, s/step, ETA, memory); the first step and the last always print one. 0: none."""
     eval_every: int = 0
     """Greedy evaluation on eval_split every N steps, logged as eval/<metric> (0: never)."""
     eval_split: str = "test"

@@ -173,7 +173,11 @@ def load_policy(
         with torch.device("meta"):
             model = no_remote_code(auto.from_config, config, **kwargs)
     else:
-        model, loaded = no_remote_code(auto.from_pretrained, path, output_loading_info=True, **kwargs)
+        from mmgpg.utils import no_transformers_bars, quiet_deepspeed_import
+
+        # no "Loading weights" bar at every load (downloads keep the hub's bars)
+        with no_transformers_bars(), quiet_deepspeed_import():
+            model, loaded = no_remote_code(auto.from_pretrained, path, output_loading_info=True, **kwargs)
         check_loaded(name_or_path, loaded)
         model = model.to(device)
     processor = no_remote_code(getattr(transformers, cls.auto_processor).from_pretrained, path)

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from mmgpg.models.lora import is_lora, merged_state_dict
+from mmgpg.utils import no_transformers_bars, quiet_deepspeed_import
 
 
 def save_policy(policy, directory: str | Path, full_state_dict: dict[str, torch.Tensor] | None = None) -> None:
@@ -18,11 +19,13 @@ def save_policy(policy, directory: str | Path, full_state_dict: dict[str, torch.
     merged, and the processor. ``full_state_dict``: the gathered weights when the model's own are partitioned
     (DeepSpeed ZeRO-3, which the config does not combine with LoRA)."""
     directory = Path(directory)
-    if is_lora(policy):
-        policy.model.save_pretrained(directory, state_dict=merged_state_dict(policy.model))
-    else:
-        policy.model.save_pretrained(directory, state_dict=full_state_dict)  # None: the model's own
-    policy.processor.save_pretrained(directory)
+    # no "Writing model shards" bar at every checkpoint; accelerate imports DeepSpeed (when installed) in the save
+    with no_transformers_bars(), quiet_deepspeed_import():
+        if is_lora(policy):
+            policy.model.save_pretrained(directory, state_dict=merged_state_dict(policy.model))
+        else:
+            policy.model.save_pretrained(directory, state_dict=full_state_dict)  # None: the model's own
+        policy.processor.save_pretrained(directory)
 
 
 def unique_tensors(named: Iterator[tuple[str, torch.Tensor]] | dict[str, torch.Tensor],

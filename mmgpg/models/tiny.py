@@ -342,8 +342,11 @@ def build_and_save(
     dtype = dtype or ("float32" if size == "tiny" else "bfloat16")
     model, processor = build_model(family, size, seed, dtype)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
+    from mmgpg.utils import no_transformers_bars, quiet_deepspeed_import
+
+    with no_transformers_bars(), quiet_deepspeed_import():
+        model.save_pretrained(out)
+        processor.save_pretrained(out)
     return out
 
 

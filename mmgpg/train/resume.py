@@ -31,7 +31,8 @@ LOGS = ("metrics.jsonl", "prompt_success.jsonl")
 
 RUN_CONTROL = frozenset({
     "train.resume", "train.resume_config", "train.save_every", "train.keep_last", "train.progress",
-    "train.tensorboard", "train.wandb", "train.wandb_project", "train.eval_every", "train.eval_limit",
+    "train.status_every_s", "train.tensorboard", "train.wandb", "train.wandb_project", "train.eval_every",
+    "train.eval_limit",
     "train.eval_samples", "train.eval_split", "train.probe_every", "train.probe_samples", "train.probe_limit",
     "output_dir", "device", "rollout.vllm_server_timeout", "rollout.vllm_sync_dir",
 })
