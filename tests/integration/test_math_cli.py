@@ -6,19 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
-from support import REPO
+from support import REPO, run_mmgpg
 
 DATA = REPO / "tests" / "support" / "math_data"
 
 
-def mmgpg(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "mmgpg", *args], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
-    assert proc.returncode == 0, f"mmgpg {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc
+def mmgpg(*args: str):
+    return run_mmgpg(*args, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
 
 
 def test_eval_math_500_then_rejudge_written_outputs(tmp_path):

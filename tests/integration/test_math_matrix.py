@@ -9,11 +9,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from support import REPO
+from support import REPO, run_mmgpg
 
 DATA = REPO / "tests" / "support" / "math_data"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
@@ -25,12 +23,8 @@ needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is No
                                      "installed (pip install 'mmgpg[deepspeed]')")
 
 
-def run(*args: str, ranks: int = 1) -> subprocess.CompletedProcess:
-    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)] if ranks > 1 else []
-    proc = subprocess.run([sys.executable, *launcher, "-m", "mmgpg", *args], capture_output=True, text=True,
-                          timeout=900, env=ENV)
-    assert proc.returncode == 0, f"mmgpg {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
-    return proc
+def run(*args: str, ranks: int = 1):
+    return run_mmgpg(*args, ranks=ranks, env=ENV)
 
 
 def train_then_sampled_eval(tmp_path, extra: list[str], ranks: int) -> dict:

@@ -10,14 +10,12 @@ import importlib.util
 import json
 import math
 import re
-import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
 import torch
-from support import FIXTURE_TASKS
+from support import FIXTURE_TASKS, run_mmgpg
 from support.fixture_tasks import TextParityCoin
 
 from mmgpg.cli import main
@@ -103,10 +101,7 @@ def test_the_seed_decides_the_samples_and_the_callers_rng_is_left_alone(engine):
     assert len(set(outputs[0][:4])) > 1, "the samples of one problem must differ"
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "mmgpg", *args], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
+_cli = run_mmgpg
 
 
 def _json(path: Path) -> dict:

@@ -5,13 +5,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from support import FIXTURE_TASKS, REPO
+from support import FIXTURE_TASKS, REPO, run_mmgpg
 
 from mmgpg.config import ConfigError, resolve
 from mmgpg.train.trainer import Trainer
@@ -22,11 +20,7 @@ TEXT = ["model.name_or_path=tiny:qwen2", "model.dtype=float32", "model.max_promp
         "train.learning_rate=1e-3", "train.progress=false", "train.tensorboard=false"]
 
 
-def mmgpg(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "mmgpg", *args], capture_output=True, text=True, timeout=900)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"mmgpg {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+mmgpg = run_mmgpg
 
 
 def rows(path: Path) -> list[dict]:

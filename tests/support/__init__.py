@@ -13,6 +13,22 @@ path/to/file.py:Class loader)."""
 FIXTURES = Path(__file__).with_name("fixtures")
 """Small data files (``fixtures/README.md`` says where each comes from)."""
 
+def run_mmgpg(*args: str, check: bool = True, ranks: int = 1, env: dict | None = None, cwd: Path | None = None,
+              timeout: float = 900):
+    """``python -m mmgpg ARGS`` in a subprocess (under ``torch.distributed.run --standalone --nproc_per_node ranks``
+    when ``ranks > 1``), output captured; with ``check``, a non-zero exit fails the test with the command, its
+    stdout and stderr. ``env`` (default: this process's) is the child's whole environment."""
+    import subprocess
+    import sys
+
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)] if ranks > 1 else []
+    proc = subprocess.run([sys.executable, *launcher, "-m", "mmgpg", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=cwd)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"mmgpg {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
 MEASURED = ("time/", "throughput/", "memory/", "plan/")
 """Metric namespaces that are measurements of this machine and process (wall times, throughput, peak memory) or
 written once per process start (``plan/``): they differ between runs that compute the same thing."""

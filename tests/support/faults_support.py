@@ -7,13 +7,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from support import FIXTURE_TASKS
+from support import FIXTURE_TASKS, run_mmgpg
 
 FIXTURES = FIXTURE_TASKS
 TINY = ["model=tiny", f"task={FIXTURES}:ParityShapes", "rollout.group_size=4", "rollout.max_new_tokens=12",
@@ -22,11 +21,7 @@ TINY = ["model=tiny", f"task={FIXTURES}:ParityShapes", "rollout.group_size=4", "
 
 
 def mmgpg(*args: str, cwd: Path | None = None, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "mmgpg", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+    return run_mmgpg(*args, cwd=cwd, check=check, timeout=timeout)
 
 
 def kill_after_checkpoint(cmd: list[str], run: Path, step: int = 2, *, env: dict | None = None,
