@@ -8,6 +8,7 @@ a weight sync); asserted ≤ 5e-4 per token and ≤ 5e-5 on the mean.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -85,6 +86,22 @@ def _vllm_ids(batch) -> list[list[int]]:
     return [batch.completion_ids[i][batch.completion_mask[i]].tolist() for i in range(batch.num_sequences)]
 
 
+@contextlib.contextmanager
+def _perturbed(policy, engine):
+    """Inside the block the policy's weights are moved by seeded noise (0.05 x N(0, 1)) and the engine is NOT synced
+    (what an update looks like to a stale engine); on exit the weights are restored and synced back."""
+    saved = {k: v.clone() for k, v in policy.model.state_dict().items()}
+    try:
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in policy.model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        yield
+    finally:
+        policy.model.load_state_dict(saved)
+        engine.sync_weights(policy_weights(policy.model))
+
+
 def _logprob_diff(policy, batch, temperature=1.0) -> torch.Tensor:
     with torch.no_grad():
         lp = policy.completion_logprobs(batch, temperature=temperature)
@@ -129,20 +146,12 @@ def test_sync_reaches_every_cache(engine):
     convs = conversations(8, words=60)
     assert engine.policy.encode_prompts(convs).attention_mask.sum(1).min() > 256  # two KV blocks of 128
     engine.generate(convs, 2, Sampling(8, seed_key=(9,)))
-    saved = {k: v.clone() for k, v in policy.model.state_dict().items()}
-    try:
-        gen = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for p in policy.model.parameters():
-                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    with _perturbed(policy, engine):
         stale = _logprob_diff(policy, engine.generate(convs, 2, Sampling(8, seed_key=(9,))))
         assert stale.mean() > 100 * MEAN_TOL  # without a sync the check would see it
         engine.sync_weights(policy_weights(policy.model))
         fresh = _logprob_diff(policy, engine.generate(convs, 2, Sampling(8, seed_key=(9,))))
         assert fresh.max() <= TOKEN_TOL and fresh.mean() <= MEAN_TOL, (fresh.max(), fresh.mean())
-    finally:
-        policy.model.load_state_dict(saved)
-        engine.sync_weights(policy_weights(policy.model))
 
 
 def test_qwen2_5_vl_greedy_equals_hf(tiny_dirs):
@@ -331,20 +340,12 @@ def test_text_policy_logprobs_agree_before_and_after_a_sync(text_engine):
         out = text_engine.generate(convs, 4, Sampling(24, temperature, seed_key=(1, 2)))
         diff = _logprob_diff(policy, out, temperature)
         assert diff.numel() > 500 and diff.max() <= TOKEN_TOL and diff.mean() <= MEAN_TOL, (diff.max(), diff.mean())
-    saved = {k: v.clone() for k, v in policy.model.state_dict().items()}
-    try:
-        gen = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for p in policy.model.parameters():
-                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    with _perturbed(policy, text_engine):
         stale = _logprob_diff(policy, text_engine.generate(convs, 2, Sampling(16, seed_key=(9,))))
         assert stale.mean() > 100 * MEAN_TOL
         text_engine.sync_weights(policy_weights(policy.model))
         fresh = _logprob_diff(policy, text_engine.generate(convs, 2, Sampling(16, seed_key=(9,))))
         assert fresh.max() <= TOKEN_TOL and fresh.mean() <= MEAN_TOL, (fresh.max(), fresh.mean())
-    finally:
-        policy.model.load_state_dict(saved)
-        text_engine.sync_weights(policy_weights(policy.model))
 
 
 TEXT_TRAIN = [*TEXT_MODEL, f"task={FIXTURES}:TextParity", "rollout.engine=vllm", "rollout.group_size=4",
