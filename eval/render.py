@@ -123,27 +123,9 @@ def find_limit(payload: dict[str, Any]) -> Any:
     return None
 
 
-def load_results(path: str | Path, label: str | None = None) -> list[Result]:
-    """The results of one RESULT: its metrics.json, or, for the summary of several benchmarks evaluated in one
-    command (``mmgpg eval --task a,b``: a metrics.json with ``benchmarks``), each benchmark's folder (all with the same
-    label: they are one model)."""
-    file = metrics_path(Path(path))
-    try:
-        payload = json.loads(file.read_text()) if file.is_file() else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        payload = None  # load_result reports it
-    if not (isinstance(payload, dict) and isinstance(payload.get("benchmarks"), dict) and "task" not in payload):
-        return [load_result(path, label)]
-    label = label or default_label(payload.get("checkpoint"), file)
-    results = []
-    for task, info in payload["benchmarks"].items():
-        folder = info.get("dir", task) if isinstance(info, dict) else task
-        results.append(load_result(file.parent / str(folder), label))
-    return results
-
-
-def load_result(path: str | Path, label: str | None = None) -> Result:
-    """Read and check one metrics.json (or an evaluation directory holding one)."""
+def read_payload(path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """``(file, JSON object)`` of one RESULT's metrics.json (an evaluation directory or the file itself); a missing,
+    unreadable or non-object file is a :class:`RenderError` naming it."""
     given = Path(path)
     file = metrics_path(given)
     if given.is_dir() and not file.exists():
@@ -158,6 +140,31 @@ def load_result(path: str | Path, label: str | None = None) -> Result:
         raise RenderError(f"{file}: cannot read ({e})") from e
     if not isinstance(payload, dict):
         raise RenderError(f"{file}: expected a JSON object, got {type(payload).__name__}")
+    return file, payload
+
+
+def load_results(path: str | Path, label: str | None = None) -> list[Result]:
+    """The results of one RESULT: its metrics.json, or, for the summary of several benchmarks evaluated in one
+    command (``mmgpg eval --task a,b``: a metrics.json with ``benchmarks``), each benchmark's folder (all with the same
+    label: they are one model)."""
+    file, payload = read_payload(path)
+    if not (isinstance(payload.get("benchmarks"), dict) and "task" not in payload):
+        return [result_of(file, payload, label)]
+    label = label or default_label(payload.get("checkpoint"), file)
+    results = []
+    for task, info in payload["benchmarks"].items():
+        folder = info.get("dir", task) if isinstance(info, dict) else task
+        results.append(load_result(file.parent / str(folder), label))
+    return results
+
+
+def load_result(path: str | Path, label: str | None = None) -> Result:
+    """Read and check one metrics.json (or an evaluation directory holding one)."""
+    return result_of(*read_payload(path), label)
+
+
+def result_of(file: Path, payload: dict[str, Any], label: str | None = None) -> Result:
+    """Check one metrics.json's payload and make its :class:`Result`."""
     for key in ("metrics", "task"):
         if key not in payload:
             raise RenderError(f"{file}: no {key!r} key (not a metrics.json written by mmgpg eval)")
