@@ -54,6 +54,11 @@ class ModelConfig:
     """Longest prompt in tokens, image tokens included. A longer prompt is an error, never silently truncated."""
     logprob_chunk_size: int = 1024
     """Completion tokens scored per chunk; peak log-prob memory is about chunk x vocab x 4 bytes x 3."""
+    packed_sequences: Literal["auto", "always", "never"] = "auto"
+    """Score the update's rows without padding, packed into one sequence per micro-batch (text-only policies):
+    always, never, or auto = always with attn_implementation=flash_attention_2 (its varlen kernel makes attention cost the sum of
+    the rows' squared lengths). With sdpa/eager a packed row needs a block mask over the whole packed length, so
+    auto does not pack there; micro-batches are then length-grouped and trimmed to their longest row."""
     encode_images_once: bool = True
     """Run the vision tower once per prompt and share the features among its group_size completions when scoring."""
     lora: LoraConfig = field(default_factory=LoraConfig)

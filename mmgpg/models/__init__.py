@@ -80,8 +80,10 @@ class Policy(Protocol):
     def generate(self, prompts: PromptBatch, group_size: int, *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0) -> CompletionBatch: ...
 
+    supports_packing: bool  # completion_logprobs(packed=True) works (model.packed_sequences)
+
     def completion_logprobs(self, rollout: CompletionBatch, *, chunk_size: int = 1024, temperature: float = 1.0,
-                            encode_images_once: bool = True) -> torch.Tensor: ...
+                            encode_images_once: bool = True, packed: bool = False) -> torch.Tensor: ...
 
     def gather_prompts(self, rows: Sequence[tuple[PromptBatch, int]]) -> PromptBatch:
         """One batch of prompt ``p`` of each ``(batch, p)`` (the update's micro-batches reuse the rollout's encoding)."""

@@ -161,9 +161,16 @@ class PolicyBase:
         :attr:`suppressed_token_ids` (which sampling suppresses), i.e. exactly the sampling distribution. Only
         masked-in positions are scored, ``chunk_size`` tokens at a time.
         """
+        scored = hidden[:, prompt_len - 1 : -1][mask]  # [K, H]: positions that predict completion tokens
+        return self.score_positions(scored, completion_ids, mask, chunk_size=chunk_size, temperature=temperature)
+
+    def score_positions(self, scored: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor, *,
+                        chunk_size: int, temperature: float) -> torch.Tensor:
+        """:meth:`score_hidden` from the hidden states ``scored [K, H]`` of the ``K = mask.sum()`` positions that
+        predict the masked-in completion tokens, in ``mask``'s row-major order (a packed forward gathers them from
+        its one long row)."""
         from mmgpg.models.lora import output_head
 
-        scored = hidden[:, prompt_len - 1 : -1][mask]  # [K, H]: positions that predict completion tokens
         head = self.model.get_output_embeddings()
 
         def score(hidden_, targets_):  # reads the head's weights only inside head's own call (see call_through)
@@ -172,7 +179,7 @@ class PolicyBase:
                                           temperature=temperature, excluded_token_ids=self.suppressed_token_ids)
 
         logp = call_through(head, score, scored, completion_ids[mask])
-        out = torch.zeros(completion_ids.shape, dtype=logp.dtype, device=hidden.device)
+        out = torch.zeros(completion_ids.shape, dtype=logp.dtype, device=scored.device)
         return out.masked_scatter(mask, logp)
 
 

@@ -37,6 +37,12 @@ VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
 # --------------------------------------------------------------------------------------------------------------------
 
 
+PACKING_UNSUPPORTED = (
+    "model.packed_sequences=always: Qwen2-VL / Qwen2.5-VL policies cannot score packed rows (their 3-D rotary positions "
+    "are computed from each padded row and its images); use model.packed_sequences=auto or never (their micro-batches "
+    "are length-grouped and trimmed instead)")
+
+
 class QwenVLPolicy(PolicyBase):
     """A loaded Qwen2-VL / Qwen2.5-VL model with its processor (implements :class:`mmgpg.models.Policy`). Build one
     with :func:`mmgpg.models.load.load_policy`."""
@@ -194,6 +200,8 @@ class QwenVLPolicy(PolicyBase):
         blocks = torch.split(batch.pixel_values, rows)
         return {"pixel_values": torch.cat([blocks[i] for i in index])}
 
+    supports_packing = False  # Qwen-VL's 3-D rotary positions are computed from padded rows (PACKING_UNSUPPORTED)
+
     def completion_logprobs(
         self,
         rollout: CompletionBatch,
@@ -201,6 +209,7 @@ class QwenVLPolicy(PolicyBase):
         chunk_size: int = 1024,
         temperature: float = 1.0,
         encode_images_once: bool = True,
+        packed: bool = False,
     ) -> torch.Tensor:
         """Per-token log-probs ``[N, T]`` of the completion tokens (0 where the mask is 0), with gradients.
 
@@ -209,6 +218,8 @@ class QwenVLPolicy(PolicyBase):
         each completion token, scored by the output embedding in chunks of ``chunk_size`` tokens
         (:meth:`~mmgpg.models.base.PolicyBase.score_hidden`). Only masked-in positions are scored.
         """
+        if packed:
+            raise ValueError(PACKING_UNSUPPORTED)
         batch, G = rollout.prompts, rollout.group_size
         comp_ids, comp_mask = rollout.completion_ids, rollout.completion_mask
         device = self.device

@@ -46,6 +46,39 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
+def pack_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+              completion_mask: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every row (prompt ``r // group_size`` followed by completion ``r``) without its padding, concatenated into one
+    sequence: ``(input_ids [1, S], position_ids [1, S], scored [K])``. Positions restart at 0 with each row, which is
+    how transformers recognises packed sequences (with no attention mask it lets no token attend across rows; with
+    flash-attention 2 the kernel runs varlen). ``scored`` indexes the ``K = completion_mask.sum()`` positions that
+    predict the completion tokens, in ``completion_mask``'s row-major order (as :meth:`PolicyBase.score_hidden`).
+    Completion masks must be prefixes (real tokens, then padding), as rollouts make them.
+
+    >>> ids, pos, scored = pack_rows(torch.tensor([[0, 7, 8], [9, 9, 9]]), torch.tensor([[0, 1, 1], [1, 1, 1]]),
+    ...                              torch.tensor([[5, 6], [4, 0], [3, 3], [2, 0]]),
+    ...                              torch.tensor([[1, 1], [1, 0], [1, 1], [1, 0]]).bool(), 2)
+    >>> ids.tolist(), pos.tolist(), scored.tolist()
+    ([[7, 8, 5, 6, 7, 8, 4, 9, 9, 9, 3, 3, 9, 9, 9, 2]], [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3]], [1, 2, 5, 9, 10, 14])
+    """
+    lengths = completion_mask.sum(1)
+    if not bool((completion_mask == (torch.arange(completion_mask.shape[1]) < lengths[:, None]).to(completion_mask.device)).all()):
+        raise ValueError("packed scoring needs right-padded completions (real tokens first, then padding)")
+    ids, scored, offset = [], [], 0
+    for r in range(completion_ids.shape[0]):
+        p = r // group_size
+        prompt = prompt_ids[p][prompt_mask[p].bool()]
+        if len(prompt) == 0:
+            raise ValueError(f"prompt {p} is empty: its first completion token has no position to be predicted from")
+        n = int(lengths[r])
+        ids += [prompt, completion_ids[r, :n]]
+        scored.append(torch.arange(offset + len(prompt) - 1, offset + len(prompt) - 1 + n))
+        offset += len(prompt) + n
+    lengths_all = [len(x) for x in ids]
+    positions_ = torch.cat([torch.arange(a + b) for a, b in zip(lengths_all[::2], lengths_all[1::2])])
+    return torch.cat(ids)[None], positions_[None].to(prompt_ids.device), torch.cat(scored).to(prompt_ids.device)
+
+
 class TextPolicy(PolicyBase):
     """A loaded text-only causal LM with its tokenizer (implements :class:`mmgpg.models.Policy`). Build one with
     :func:`mmgpg.models.load.load_policy`; the families it serves are those :data:`mmgpg.models.POLICIES` maps here.
@@ -134,13 +167,22 @@ class TextPolicy(PolicyBase):
         return self._sample(inputs, prompts, group_size, max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p, top_k=top_k)
 
+    supports_packing = True
+
     def completion_logprobs(self, rollout: CompletionBatch, *, chunk_size: int = 1024, temperature: float = 1.0,
-                            encode_images_once: bool = True) -> torch.Tensor:
+                            encode_images_once: bool = True, packed: bool = False) -> torch.Tensor:
         """Per-token log-probs ``[N, T]`` of the completion tokens (0 where the mask is 0), with gradients:
         ``log softmax(z / temperature)`` over the whole vocabulary at the position before each completion token
-        (:meth:`~mmgpg.models.base.PolicyBase.score_hidden`). ``encode_images_once`` has nothing to do here."""
+        (:meth:`~mmgpg.models.base.PolicyBase.score_hidden`). ``encode_images_once`` has nothing to do here.
+        ``packed``: the rows without padding as one sequence (:func:`pack_rows`; ``model.packed_sequences``)."""
         batch, G = rollout.prompts.to(self.device), rollout.group_size
         comp_ids, comp_mask = rollout.completion_ids.to(self.device), rollout.completion_mask.to(self.device)
+        if packed:
+            input_ids, position_ids, index = pack_rows(batch.input_ids, batch.attention_mask, comp_ids, comp_mask, G)
+            hidden = self.model.model(input_ids=input_ids, attention_mask=None, position_ids=position_ids,
+                                      use_cache=False).last_hidden_state
+            return self.score_positions(hidden[0, index], comp_ids, comp_mask, chunk_size=chunk_size,
+                                        temperature=temperature)
         prompt_len = batch.input_ids.shape[1]
         input_ids = torch.cat([batch.input_ids.repeat_interleave(G, 0), comp_ids], dim=1)
         attention_mask = torch.cat([batch.attention_mask.repeat_interleave(G, 0), comp_mask.long()], dim=1)

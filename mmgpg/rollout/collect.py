@@ -111,6 +111,44 @@ def collate_groups(policy: Policy, task, groups: Sequence[Group], group_size: in
     return CompletionBatch(batch, group_size, ids, mask, sampled_logprobs=sampled)
 
 
+def padded_length(group: Group) -> int:
+    """The row length a micro-batch pads ``group``'s rows to at least: its prompt's tokens (0 when the rollout kept
+    no encoding) plus its longest completion."""
+    prompt = int(group.prompts.attention_mask[group.prompt_index].sum()) if group.prompts is not None else 0
+    return prompt + max([0, *(len(c) for c in group.completion_ids)])
+
+
+def length_ordered(groups: Sequence[Group]) -> list[Group]:
+    """``groups`` longest first by :func:`padded_length` (a stable sort: ties keep their order), so that the groups
+    of one micro-batch have similar lengths and each micro-batch is padded only to its own longest row. The update's
+    sums have global denominators, so the order of the micro-batches does not change the gradient (beyond float
+    rounding); longest first also puts the step's peak memory into its first micro-batch.
+
+    >>> class G:  # the two fields padded_length reads
+    ...     def __init__(self, n): self.prompts, self.completion_ids = None, [[1] * n]
+    >>> [padded_length(g) for g in length_ordered([G(3), G(9), G(1), G(9)])]
+    [9, 9, 3, 1]
+    """
+    return sorted(groups, key=padded_length, reverse=True)
+
+
+def padding_counts(batch: CompletionBatch, *, packed: bool = False) -> tuple[int, int]:
+    """``(computed, padding)`` token positions of one forward over ``batch``: rows × (prompt width + completion
+    width) are computed, of which ``padding`` are pad positions (prompt rows are repeated ``group_size`` times, as the
+    forward repeats them). A packed forward (:attr:`Policy.packs_sequences`) computes the real tokens only.
+
+    >>> from mmgpg.models.batch import PromptBatch
+    >>> p = PromptBatch(torch.zeros(1, 4, dtype=torch.long), torch.tensor([[0, 1, 1, 1]]), torch.zeros(1, 4), None, None, [0], [''])
+    >>> b = CompletionBatch(p, 2, torch.zeros(2, 5, dtype=torch.long), torch.tensor([[1] * 5, [1, 1, 0, 0, 0]]).bool())
+    >>> padding_counts(b), padding_counts(b, packed=True)
+    ((18, 5), (13, 0))
+    """
+    G = batch.group_size
+    real = int(batch.prompts.attention_mask.sum()) * G + int(batch.completion_mask.sum())
+    computed = real if packed else batch.num_sequences * (batch.prompts.input_ids.shape[1] + batch.completion_ids.shape[1])
+    return computed, computed - real
+
+
 def group_logprobs(policy: Policy, batch: CompletionBatch, model: Any, rollout: Any,
                    autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext) -> torch.Tensor:
     """Per-token log-probs ``[rows, T]`` of ``batch``'s completions as a training step computes them: at the
@@ -118,7 +156,24 @@ def group_logprobs(policy: Policy, batch: CompletionBatch, model: Any, rollout: 
     once per prompt under ``model.encode_images_once`` (``model``, ``rollout``: the config's sections)."""
     with autocast():
         return policy.completion_logprobs(batch, chunk_size=model.logprob_chunk_size, temperature=rollout.temperature,
-                                          encode_images_once=model.encode_images_once)
+                                          encode_images_once=model.encode_images_once,
+                                          packed=packs(policy, model))
+
+
+def packs(policy: Policy, model: Any) -> bool:
+    """Whether ``policy`` scores packed rows under ``model.packed_sequences`` (``always`` with a policy that cannot pack
+    is refused when the trainer starts: :func:`check_packing`)."""
+    mode = model.packed_sequences
+    if mode == "auto":
+        return bool(getattr(policy, "supports_packing", False)) and model.attn_implementation == "flash_attention_2"
+    return mode == "always"
+
+
+def check_packing(policy: Policy, model: Any) -> None:
+    if model.packed_sequences == "always" and not getattr(policy, "supports_packing", False):
+        from mmgpg.models.qwen_vl import PACKING_UNSUPPORTED
+
+        raise ValueError(PACKING_UNSUPPORTED)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,18 @@ from mmgpg.models.batch import CompletionBatch
 from mmgpg.models.load import load_for_training, load_policy_for
 from mmgpg.rollout import Sampling, build_engine
 from mmgpg.rollout.check import LogprobDiff, check_logprob_diff
-from mmgpg.rollout.collect import Collected, Group, collate_groups, collect_groups, group_logprobs, sample_groups
+from mmgpg.rollout.collect import (
+    Collected,
+    Group,
+    check_packing,
+    collate_groups,
+    collect_groups,
+    group_logprobs,
+    length_ordered,
+    packs,
+    padding_counts,
+    sample_groups,
+)
 from mmgpg.rundir import SuccessRecord, run_dir_path
 from mmgpg.task import SkipBadRows, build_task, first_items
 from mmgpg.train import resume
@@ -83,6 +94,8 @@ class Trainer:
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
         dtype = self.backend.weights_dtype(cfg.model.dtype)
         self.policy = load_for_training(cfg.model, self.device, dtype, checkpoint, policy=policy)
+        check_packing(self.policy, cfg.model)
+        self.packed = packs(self.policy, cfg.model)
         # LoRA: the reference is the policy itself with its adapter switched off (_fixed_logprobs); no second copy.
         self.reference = None if cfg.algo.kl_coef == 0 else (
             self.policy if lora.is_lora(self.policy) else self._load(cfg.model.name_or_path, dtype))
@@ -105,6 +118,7 @@ class Trainer:
         self.sampling = Sampling.from_config(cfg.rollout)
         # the algorithm's functions with their hyper-parameters bound once
         self.objective = Objective(cfg.algo, cfg.rollout.max_new_tokens, self.policy.eos_token_ids)
+        self._padding = (0, 0)  # (computed, padded) token positions of the last update's forwards
         self._spare: list[Group] = []  # a group of the last rollout: DeepSpeed's padding on a rank without groups
         if checkpoint is not None:
             self._resume(checkpoint)
@@ -193,15 +207,16 @@ class Trainer:
     def _micro_batches(self, groups: list[Group]) -> list[tuple[CompletionBatch, torch.Tensor, float]]:
         """The trained groups (:meth:`Objective.trains`: zero-variance ones only when a KL term or a batch-whitened
         advantage needs them) as micro-batches of ``train.micro_batch_prompts`` prompt groups, each with its
-        advantages ``[rows]`` and its weight (1).
+        advantages ``[rows]`` and its weight (1); groups of similar length share one (:func:`length_ordered`).
 
         With collectives inside forward/backward (``backend.equal_micro_batches``: DeepSpeed), a rank with fewer
         micro-batches than the busiest one appends copies of one of its groups with weight 0 (they add exactly 0)."""
-        forwarded = self.objective.trains(groups)
+        forwarded = length_ordered(self.objective.trains(groups))
         mb = self.cfg.train.micro_batch_prompts
         chunks = [forwarded[i : i + mb] for i in range(0, len(forwarded), mb)]
         micro = [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32), 1.0)
                  for c in chunks]
+        self._padding = tuple(map(sum, zip((0, 0), *(padding_counts(r, packed=self.packed) for r, _, _ in micro))))
         most = distributed.all_max(len(micro), self.backend.comm_device) if self.backend.equal_micro_batches else 0
         spare = groups[:1] or self._spare  # drop_zero_variance: a rank may hold no group at all
         pad = (self._collate(spare), torch.zeros(self.cfg.rollout.group_size), 0.0) if most > len(micro) else None
@@ -312,9 +327,10 @@ class Trainer:
                 self.engine.sync_weights(self.backend.full_weights(self.engine.weights_dtype))
         sync_s = time.perf_counter() - t0
         self.policy.model.eval()
-        policy_total, kl_total = distributed.all_sum([policy_total, kl_total], self.backend.comm_device)
+        policy_total, kl_total, computed, padding = distributed.all_sum(
+            [policy_total, kl_total, *self._padding], self.backend.comm_device)
         return {"loss/policy": policy_total, "loss/kl": kl_total, "grad_norm": grad_norm, "time/sync": sync_s,
-                **checked}
+                "update/padding_fraction": padding / max(computed, 1.0), **checked}
 
     # ---- one step -------------------------------------------------------------------------------------------------
 

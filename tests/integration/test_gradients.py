@@ -236,3 +236,40 @@ def test_text_policy_lora_gradient_equals_the_reference(tiny_text_dir, tmp_path)
     want = reference_gradient(trainer, groups, [gpg_advantages(g.rewards) for g in groups], alpha=ALPHA,
                               aggregation="seq_mean_token_mean")
     assert relative_error(trainer_gradient(trainer, groups), want) < TOL
+
+
+def test_packed_text_update_has_the_reference_gradient_and_no_padding(tiny_text_dir, tmp_path):
+    """model.packed_sequences=always: the update scores each micro-batch's rows packed into one sequence; the step
+    gradient is still the one-sequence reference's, and no computed position is padding. The padded update of the
+    same groups (length-ordered micro-batches) reports the padding it computes."""
+    groups_for = {}
+    for mode in ("always", "never"):
+        trainer = make_trainer(str(tiny_text_dir), str(tmp_path / mode), "gpg", f"task={FIXTURE_TASKS}:TextParity",
+                               "train.micro_batch_prompts=2", f"model.packed_sequences={mode}")
+        if not groups_for:  # group 0 short: in rollout order it would share a micro-batch with the long group 1
+            groups_for["groups"] = make_groups(trainer, [0, 1, 2, 3])
+            groups_for["groups"][0].completion_ids = [c[:2] for c in groups_for["groups"][0].completion_ids]
+        groups = groups_for["groups"]
+        want = reference_gradient(trainer, groups, [gpg_advantages(g.rewards) for g in groups], alpha=ALPHA,
+                                  aggregation="seq_mean_token_mean")
+        assert relative_error(trainer_gradient(trainer, groups), want) < TOL
+        computed, padding = trainer._padding
+        trained = [g for g in groups if not g.zero_variance]  # group 2 (all rewards 1) is not forwarded
+        real = sum(len(c) for g in trained for c in g.completion_ids)
+        real += sum(4 * len(trainer.policy.encode_prompts([trainer.task.prompt(g.example)]).input_ids[0])
+                    for g in trained)
+        assert computed - padding == real
+        if mode == "always":
+            assert padding == 0
+            continue
+
+        prompt = {id(g): len(trainer.policy.encode_prompts([trainer.task.prompt(g.example)]).input_ids[0])
+                  for g in trained}
+
+        def positions(chunks, prompt=prompt):  # rows x (longest prompt + longest completion), over micro-batches
+            return sum(4 * len(c) * (max(prompt[id(g)] for g in c) + max(len(x) for g in c for x in g.completion_ids))
+                       for c in chunks)
+
+        # length-ordered micro-batches: groups 1 and 3 (long) together, group 0 (short) alone
+        assert computed == positions([[trained[1], trained[2]], [trained[0]]])
+        assert computed < positions([trained[:2], trained[2:]])  # what the rollout order would have computed

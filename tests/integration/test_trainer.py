@@ -51,6 +51,8 @@ def test_train_cli_runs_each_algorithm(tmp_path, algo):
         assert m["gpg/alpha"] == pytest.approx(
             m["gpg/num_samples"] / (m["gpg/num_samples"] - m["gpg/num_zero_variance"])
             if algo == "gpg" and m["gpg/num_zero_variance"] < m["gpg/num_samples"] else 1.0)
+    padding = [m["update/padding_fraction"] for m in metrics if "update/padding_fraction" in m]  # not on skipped steps
+    assert padding and all(0 <= p < 1 for p in padding)
     # mmgpg plan's prediction once per run, beside the first step's measured memory
     assert metrics[0]["plan/peak_mib"] >= metrics[0]["plan/persistent_mib"] > 0 and "plan/peak_mib" not in metrics[1]
     if algo == "grpo":

@@ -161,3 +161,52 @@ def test_prompt_longer_than_limit_is_an_error(tiny_text_dir):
     short = load_policy(str(tiny_text_dir), dtype="float32", device="cpu", max_prompt_length=40)
     with pytest.raises(ValueError, match=r"1 prompt\(s\) exceed max_prompt_length=40 \(prompt 0: \d+ tokens\)"):
         short.encode_prompts(conversations())
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_packed_rows_score_as_the_unpadded_reference_with_the_same_gradients(tiny_text_dir, attn):
+    """model.packed_sequences: the rows packed into one sequence (positions restarting per row, no attention
+    mask: transformers' packed-sequence masking) give the one-sequence-at-a-time reference's log-probs, and the same
+    gradients as the padded forward."""
+    torch.manual_seed(5)
+    policy = load_policy(str(tiny_text_dir), dtype="float32", device="cpu", attn_implementation=attn)
+    batch = policy.encode_prompts(conversations())
+    lengths = torch.tensor([16, 3, 9, 1, 12, 16, 5, 2])  # completions of mixed lengths, right-padded
+    mask = torch.arange(16) < lengths[:, None]
+    ids = torch.randint(0, policy.model.config.vocab_size, (8, 16)).masked_fill(~mask, policy.pad_token_id)
+    rollout = CompletionBatch(prompts=batch, group_size=4, completion_ids=ids, completion_mask=mask)
+    assert batch.attention_mask[1, 0] == 0  # the shorter prompt is left-padded: both paddings are exercised
+
+    policy.model.train()
+    grads = []
+    for packed in (True, False):
+        policy.model.zero_grad()
+        logp = policy.completion_logprobs(rollout, chunk_size=7, temperature=0.7, packed=packed)
+        assert (logp.detach()[~rollout.completion_mask] == 0).all()
+        torch.testing.assert_close(logp.detach(), reference_logprobs(policy.model, batch, rollout, 0.7),
+                                   atol=1e-5, rtol=0)
+        (-(logp * torch.linspace(-1, 1, logp.shape[0])[:, None]).sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in policy.model.named_parameters()})
+    for name, g in grads[0].items():
+        torch.testing.assert_close(g, grads[1][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_packing_refuses_non_prefix_masks_and_vl_policies(policy, tiny_dirs):
+    from mmgpg.models.qwen_vl import PACKING_UNSUPPORTED
+    from mmgpg.models.text import pack_rows
+    from mmgpg.rollout.collect import check_packing, packs
+
+    with pytest.raises(ValueError, match="right-padded completions"):
+        pack_rows(torch.tensor([[1, 2]]), torch.ones(1, 2), torch.tensor([[3, 4]]), torch.tensor([[False, True]]), 1)
+    from mmgpg.config import resolve
+
+    vl = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", device="cpu")
+    always = resolve(["model.packed_sequences=always"]).config.model
+    with pytest.raises(ValueError, match="cannot score packed rows") as err:
+        check_packing(vl, always)
+    assert str(err.value) == PACKING_UNSUPPORTED
+    check_packing(policy, always)
+    assert packs(policy, always) and not packs(vl, resolve([]).config.model)
+    flash = resolve(["model.attn_implementation=flash_attention_2"]).config.model
+    assert packs(policy, flash) and not packs(vl, flash)  # auto: text policies pack with the varlen kernel
+    assert not packs(policy, resolve([]).config.model)  # auto with sdpa: padded, length-grouped micro-batches
