@@ -113,6 +113,22 @@ def prompt_order(num_prompts: int, prompts_per_step: int, steps: int, seed: int)
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def mmgpg_overrides(a: argparse.Namespace, run_dir: Path) -> list[str]:
+    """mmgpg's config for the measured step (the module docstring's "mmgpg side"; bench/profile_step.py profiles
+    the same step)."""
+    return [
+        "algo=gpg", "task=shapes_parity", f"task.num_train={a.num_prompts}",
+        f"model.name_or_path={a.model}", "model.dtype=float32", "model.min_pixels=3136", "model.max_pixels=12544",
+        f"rollout.group_size={a.group_size}", f"rollout.max_new_tokens={a.max_new_tokens}", "rollout.temperature=1.0",
+        "rollout.top_p=1.0", "rollout.top_k=0",
+        "algo.min_valid_fraction=0", "algo.aggregation=seq_mean_token_mean",
+        f"train.prompts_per_step={a.prompts}", f"train.micro_batch_prompts={a.prompts}", f"train.max_steps={a.steps}",
+        f"train.learning_rate={a.lr}", "train.lr_scheduler=constant", "train.warmup_steps=0", "train.weight_decay=0.0",
+        "train.max_grad_norm=1.0", "train.tensorboard=false", "train.progress=false",
+        f"output_dir={run_dir}", f"seed={a.seed}", "device=cpu",
+    ]
+
+
 def child_mmgpg(a: argparse.Namespace) -> dict:
     import torch
 
@@ -127,19 +143,8 @@ def child_mmgpg(a: argparse.Namespace) -> dict:
 
     rss_imports = _maxrss_mib()
     run_dir = Path(a.run_dir)  # the Trainer creates it
-    overrides = [
-        "algo=gpg", "task=shapes_parity", f"task.num_train={a.num_prompts}",
-        f"model.name_or_path={a.model}", "model.dtype=float32", "model.min_pixels=3136", "model.max_pixels=12544",
-        f"rollout.group_size={a.group_size}", f"rollout.max_new_tokens={a.max_new_tokens}", "rollout.temperature=1.0",
-        "rollout.top_p=1.0", "rollout.top_k=0",
-        "algo.min_valid_fraction=0", "algo.aggregation=seq_mean_token_mean",
-        f"train.prompts_per_step={a.prompts}", f"train.micro_batch_prompts={a.prompts}", f"train.max_steps={a.steps}",
-        f"train.learning_rate={a.lr}", "train.lr_scheduler=constant", "train.warmup_steps=0", "train.weight_decay=0.0",
-        "train.max_grad_norm=1.0", "train.tensorboard=false", "train.progress=false",
-        f"output_dir={run_dir}", f"seed={a.seed}", "device=cpu",
-    ]
     t0 = time.perf_counter()
-    trainer = Trainer(resolve(overrides))
+    trainer = Trainer(resolve(mmgpg_overrides(a, run_dir)))
     init_s = time.perf_counter() - t0
     rss_setup = _maxrss_mib()
     steps, metrics = [], []

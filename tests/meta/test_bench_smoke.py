@@ -65,3 +65,25 @@ def test_compare_algos_summary_counts_generated_completions_and_plots(tmp_path):
     assert got["seconds"] == [1.0, 2.0] and got["curve"] == [0.5, 0.6]
     module.plot_rewards({"dapo": got["curve"]}, tmp_path / "curves.png", "test")
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_profile_step_and_padding_benches_run(tmp_path):
+    """bench/profile_step.py (one profiled GPG step of trl_peer's configuration) and bench/padding.py (three
+    micro-batch arrangements of the same groups) run and report what they promise: phases that cover the step, and
+    length ordering / packing that compute no more padding than the rollout order."""
+    out = tmp_path / "profile.md"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "profile_step.py"), "--steps", "1", "--warmup", "0",
+                           "--max-new-tokens", "8", "--top", "5", "--out", str(out)],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert "| rollout |" in text and "| update |" in text and "`aten::" in text and "train_step" in text
+    out = tmp_path / "padding.md"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "padding.py"), "--prompts", "4", "--group-size", "4",
+                           "--max-new-tokens", "48", "--median-tokens", "20", "--hidden", "64", "--layers", "1",
+                           "--repeats", "1", "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:5]]
+            for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line}
+    padding = {name: int(r[1].replace(",", "")) for name, r in rows.items() if name != "micro-batches"}
+    assert padding["packed"] == 0 < padding["length-ordered"] <= padding["rollout order"]
