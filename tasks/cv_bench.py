@@ -37,7 +37,14 @@ from mmgpg.task import Example, image_parts, mathjudge
 from mmgpg.task.data import load_records, open_image
 from mmgpg.task.judged import JudgedTask, require
 from mmgpg.task.judges import Judgement, choice_judge
-from mmgpg.task.rewards import LETTERS, extract_answer, sat_string_reward, strict_choice, strict_label_match
+from mmgpg.task.rewards import (
+    LETTERS,
+    answer_or_whole,
+    extract_answer,
+    sat_string_reward,
+    strict_choice,
+    strict_label_match,
+)
 
 R1_ZERO = ("A conversation between User and Assistant. The user asks a question about the image, and the Assistant "
            "solves it. The assistant first thinks about the reasoning process in the mind and then provides the user "
@@ -110,14 +117,18 @@ class CVBenchTask(JudgedTask):
 
     def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
         """``paper`` (``GPG:VisualThinker-R1-Zero/src/open-r1-multimodal/src/open_r1/grpo.py:83-130``): math-verify
-        against the solution, else :func:`mmgpg.task.rewards.sat_string_reward`. ``strict``: the answer tag names
+        against the solution ``<answer>{answer}</answer>``, else :func:`mmgpg.task.rewards.sat_string_reward` with the
+        ground truth read back out of that solution as theirs is (stripped; the whole solution if the answer holds a
+        newline). ``strict``: the answer tag names
         exactly the right option (by text or letter). Test items (lettered answers) use the judge."""
         if "solution" not in example.meta:
             return self.judge(completion, example, protocol).correct
         if protocol == "paper":
             if mathjudge.parse_verify(completion, example.meta["solution"])[0]:
                 return 1.0
-            return sat_string_reward(completion, example.answer)
+            # their ground truth is read back out of the solution "<answer>{answer}</answer>": stripped, or the whole
+            # solution when the answer holds a newline
+            return sat_string_reward(completion, answer_or_whole(example.meta["solution"], dotall=False))
         choices = example.meta["choices"]
         if example.answer not in choices:
             return strict_label_match(extract_answer(completion), example.answer)

@@ -19,9 +19,10 @@ Boxes are written in the model family's convention, ``task.box_format``: ``qwen2
 original image's width and height (truncated, as ``gen_sft.py`` does); ``qwen2_5_vl`` — absolute pixels of the image
 as the model sees it after resizing to ``[min_pixels, max_pixels]`` (set them as in ``model``).
 
-Rewards (``GPG:Visual-RFT/src/virft/src/open_r1/grpo_lisa.py:74-168``): ``paper`` = GIoU + 1 of the answer's box
-with the multi-box quirk, 2.0 on an exact string match (:func:`mmgpg.task.rewards.paper_box_reward`); ``strict`` = GIoU + 1
-of a single valid box inside the answer tag. Judge (``Qwen2_VL_lisa_infere.py:116-136``, ``merge_eval.py``): box IoU
+Rewards (``GPG:Visual-RFT/src/virft/src/open_r1/grpo_lisa.py:74-168``): ``paper`` = the authors' reward — math-verify
+first, then 2.0 on an exact string match, else their GIoU + 1 with signed areas (an inverted box can score above 2 or
+below 0) and the multi-box quirk (:func:`mmgpg.task.rewards.paper_box_reward`); ``strict`` = GIoU + 1 ∈ [0, 2] of a
+single valid box inside the answer tag. Judge (``Qwen2_VL_lisa_infere.py:116-136``, ``merge_eval.py``): box IoU
 of the first box anywhere in the output, failures 0; ``miou`` = mean IoU (:func:`mmgpg.task.judges.box_judge`).
 Mask gIoU (``box2mask.py``, ``mask_iou.py``): set ``task.sam_checkpoint`` to a SAM checkpoint directory
 (``facebook/sam-vit-huge``, the HF port of the reference's ViT-H); without one only box metrics are reported.
@@ -35,7 +36,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mmgpg.models import QWEN_VL_FAMILIES
-from mmgpg.task import Example, LazyExamples
+from mmgpg.task import Example, LazyExamples, mathjudge
 from mmgpg.task.data import DataNotFound, open_image
 from mmgpg.task.judged import JudgedTask, require
 from mmgpg.task.judges import Judgement, box_judge
@@ -152,8 +153,15 @@ class LisaGroundingTask(JudgedTask):
         return rescale_box(example.answer, (w, h), self.units(w, h))
 
     def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
+        """``paper``: the authors' ``accuracy_reward`` of ``grpo_lisa.py`` — 1.0 when math-verify finds the completion
+        equal to the solution ``"<answer> (x1,y1),(x2,y2) </answer>"`` (``gen_sft.py`` and ``make_conversation_image``
+        build it so), else :func:`mmgpg.task.rewards.paper_box_reward` (2.0 on an exact string match, else their
+        signed GIoU + 1). ``strict``: GIoU + 1 ∈ [0, 2] of one valid box inside the answer tag."""
         if protocol == "paper":
-            return paper_box_reward(completion, example.meta["answer_text"])
+            solution = f"<answer> {example.meta['answer_text']} </answer>"
+            if mathjudge.parse_verify(completion, solution)[0]:
+                return 1.0
+            return paper_box_reward(completion, solution)
         return strict_box_reward(completion, self._gold_units(example))
 
     def success(self, completion: str, example: Example, rewards) -> bool:

@@ -51,12 +51,19 @@ class OptimizerSettings:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, settings: OptimizerSettings):
     """The learning-rate schedule of ``settings`` on ``optimizer`` (``transformers.get_scheduler``, the schedules of
-    HF ``TrainingArguments.lr_scheduler_type``). ``cosine_with_min_lr`` decays from ``learning_rate`` to
-    ``min_lr_rate * learning_rate`` along a half cosine after the warmup (open-rs: ``min_lr_rate: 0.1``)."""
+    HF ``TrainingArguments.lr_scheduler_type``), as a factor of ``learning_rate`` at optimizer-step slot ``t`` with
+    ``W = warmup_steps``, ``T = total_steps``: ``t / W`` while ``t < W``, then
+
+    * ``constant``: 1 (HF's ``constant_with_warmup``: transformers' own ``constant`` would ignore the warmup);
+    * ``linear``: ``(T − t) / (T − W)``;
+    * ``cosine``: ``½ (1 + cos(π (t − W) / (T − W)))``;
+    * ``cosine_with_min_lr``: ``m + (1 − m) · ½ (1 + cos(π (t − W) / (T − W)))`` with ``m = min_lr_rate`` (open-rs:
+      0.1), i.e. down to ``m · learning_rate``."""
     from transformers import get_scheduler
 
     extra = {"min_lr_rate": settings.min_lr_rate} if settings.lr_scheduler == "cosine_with_min_lr" else None
-    return get_scheduler(settings.lr_scheduler, optimizer, num_warmup_steps=settings.warmup_steps,
+    name = "constant_with_warmup" if settings.lr_scheduler == "constant" else settings.lr_scheduler
+    return get_scheduler(name, optimizer, num_warmup_steps=settings.warmup_steps,
                          num_training_steps=settings.total_steps, scheduler_specific_kwargs=extra)
 
 

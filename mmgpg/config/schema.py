@@ -198,7 +198,8 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; 0 disables clipping."""
     lr_scheduler: Literal["constant", "linear", "cosine", "cosine_with_min_lr"] = "constant"
-    """Learning-rate schedule after warmup (transformers.get_scheduler; cosine_with_min_lr stops at min_lr_rate)."""
+    """Learning-rate schedule after warmup (transformers.get_scheduler; constant is HF's constant_with_warmup;
+    cosine_with_min_lr stops at min_lr_rate)."""
     warmup_steps: int = 0
     """Linear warmup steps."""
     min_lr_rate: float = 0.0

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 import torch
 
 from mmgpg import distributed
+from mmgpg.rollout.engine import CheckLimits
+
+EXACT_MEAN_LIMIT = 1e-3
+"""Default mean limit when the engine and the trainer both compute in float32 (only summation order differs)."""
+MIXED_MEAN_LIMIT = 5e-2
+"""Default mean limit otherwise (a bfloat16/float16 side: one bf16 rounding of a log-prob is ~4e-3 relative)."""
 
 
 class LogprobMismatchError(ValueError):
@@ -49,10 +55,30 @@ class LogprobDiff:
         return (total / tokens if tokens else float("nan")), maximum, int(tokens)
 
 
+def check_limits(enabled: bool, mean_limit: float | None, max_limit: float | None, *,
+                 engine_dtype: str, trainer_dtype: str, autocast: bool) -> CheckLimits | None:
+    """The post-sync check's limits from ``rollout.logprob_check``, ``logprob_check_mean`` and ``logprob_check_max``
+    (``None`` when the check is off). A mean limit left unset is :data:`EXACT_MEAN_LIMIT` (1e-3) when both sides
+    compute in float32 — the engine's weights ``engine_dtype == "float32"``, the trainer's ``trainer_dtype ==
+    "float32"`` and no mixed-precision ``autocast`` — else :data:`MIXED_MEAN_LIMIT` (5e-2); an unset max limit stays
+    unchecked. A limit that is set is used as given.
+
+    >>> check_limits(True, None, None, engine_dtype="bfloat16", trainer_dtype="float32", autocast=False)
+    CheckLimits(mean=0.05, max=None)
+    """
+    if not enabled:
+        return None
+    exact = engine_dtype == "float32" and trainer_dtype == "float32" and not autocast
+    mean = mean_limit if mean_limit is not None else (EXACT_MEAN_LIMIT if exact else MIXED_MEAN_LIMIT)
+    return CheckLimits(mean, max_limit)
+
+
 def check_logprob_diff(mean: float, maximum: float, tokens: int, *, mean_limit: float | None,
                        max_limit: float | None, step: int) -> dict[str, float]:
     """The step's metrics ``rollout/logprob_diff_mean|max``; raises :class:`LogprobMismatchError` when the mean
-    exceeds ``mean_limit`` or the max exceeds ``max_limit`` (``None``: that one is not checked).
+    exceeds ``mean_limit`` or the max exceeds ``max_limit`` (``None``: that one is not checked). A value exactly at
+    its limit passes (``value <= limit``); a NaN value (a NaN log-prob on either side) fails. With no tokens
+    nothing is checked.
 
     >>> check_logprob_diff(1e-5, 2e-4, 10, mean_limit=1e-3, max_limit=None, step=3)
     {'rollout/logprob_diff_mean': 1e-05, 'rollout/logprob_diff_max': 0.0002}

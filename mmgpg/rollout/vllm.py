@@ -40,7 +40,8 @@ import torch
 from mmgpg.models import Policy
 from mmgpg.models.batch import CompletionBatch
 from mmgpg.models.logprobs import completion_mask, pad_completions
-from mmgpg.rollout.engine import CheckLimits, Sampling, request_seed
+from mmgpg.rollout.check import check_limits
+from mmgpg.rollout.engine import Sampling, request_seed
 from mmgpg.rollout.vllm_core import CoreSettings, Request
 
 if TYPE_CHECKING:
@@ -69,9 +70,9 @@ class VLLMEngine:
                                                                  else _dtype_name(policy.model.dtype))
         self._check_settings(r, policy)
         self.weights_dtype = getattr(torch, self.dtype)
-        exact = self.dtype == "float32" and _dtype_name(policy.model.dtype) == "float32" and not mixed
-        mean = r.logprob_check_mean if r.logprob_check_mean is not None else (1e-3 if exact else 5e-2)
-        self.check_limits = CheckLimits(mean, r.logprob_check_max) if r.logprob_check else None
+        self.check_limits = check_limits(r.logprob_check, r.logprob_check_mean, r.logprob_check_max,
+                                         engine_dtype=self.dtype, trainer_dtype=_dtype_name(policy.model.dtype),
+                                         autocast=mixed)
         prompt_len = policy.max_prompt_length or m.max_prompt_length
         self.max_model_len = r.vllm_max_model_len or prompt_len + r.max_new_tokens
         vocab = policy.model.get_output_embeddings().weight.shape[0]

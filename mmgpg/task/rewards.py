@@ -219,19 +219,44 @@ _PAPER_BOX = re.compile(r"\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*,\s*\(\s*(\d+)\s*,\s*(\d
 _NUM = r"\s*(-?\d{1,9}(?:\.\d{1,9})?)\s*"
 _PAIR_BOX = re.compile(r"\(" + _NUM + "," + _NUM + r"\)\s*,\s*\(" + _NUM + "," + _NUM + r"\)")
 _LIST_BOX = re.compile(r"\[" + _NUM + "," + _NUM + "," + _NUM + "," + _NUM + r"\]")
-_MAX_DIGITS = 9
 
 
-def paper_boxes(text: str) -> list[tuple[int, int, int, int]]:
-    """Every ``(x1,y1),(x2,y2)`` of non-negative integers in the text (the anchors' regex, in order), for the
-    training reward. A box with a number of more than 9 digits is dropped. (The anchors' training reward converts
-    every box and scores 0 when a conversion raises — only numbers of more than 4,300 digits, or ≥ 1.8e311 once
-    divided by 1000, do; not reproduced here. The evaluation judge uses :func:`paper_first_box`, which is exact.)"""
-    out = []
-    for groups in _PAPER_BOX.findall(as_text(text)):
-        if all(len(g) <= _MAX_DIGITS for g in groups):
-            out.append(tuple(int(g) for g in groups))
-    return out
+def paper_box_points(text: str) -> list[tuple[float, float]] | None:
+    """The LISA training reward's point list (``GPG:Visual-RFT/src/virft/src/open_r1/grpo_lisa.py:139-142``): for
+    every match ``(x1,y1),(x2,y2)`` of the anchors' regex (non-negative integers of any length; ``\\d`` is Unicode),
+    in order, the top-left points ``(int(x1) / 1000, int(y1) / 1000)`` of all matches, then the bottom-right points
+    of all matches. ``None`` where the anchors' conversion raises (a number of more than
+    ``sys.get_int_max_str_digits()`` digits, or one whose ``int / 1000`` overflows a float, ≥ 1.8·10³¹¹): their
+    reward is then 0. Zero-padded and huge-but-finite numbers are kept (``(0,0),(10**309,5)`` is a valid read)."""
+    found = _PAPER_BOX.findall(as_text(text))
+    try:
+        return [(int(x1) / 1000, int(y1) / 1000) for x1, y1, _, _ in found] + \
+               [(int(x2) / 1000, int(y2) / 1000) for _, _, x2, y2 in found]
+    except (ValueError, OverflowError):
+        return None
+
+
+def paper_signed_giou(gold: Sequence[Sequence[float]], pred: Sequence[Sequence[float]]) -> float:
+    """The anchors' ``compute_giou`` (``grpo_lisa.py:74-107``) *without* its final ``+ 1``, on two point lists
+    whose first two points are the boxes' corners ``(x1, y1), (x2, y2)``:
+
+    ``I = max(0, min(x2) − max(x1)) · max(0, min(y2) − max(y1))``, ``A = (x2 − x1)(y2 − y1)`` for each box — a
+    **signed** area, not clamped —, ``U = A_gold + A_pred − I``, ``IoU = I / U`` if ``U > 0`` else 0,
+    ``C = (max(x2) − min(x1))(max(y2) − min(y1))`` (from the four corner coordinates as written), and
+    ``GIoU = IoU − (C − U) / C`` if ``C > 0`` else ``IoU``, evaluated in that order.
+
+    On valid boxes this is the usual GIoU ∈ [−1, 1]. An inverted prediction breaks the bound (the reward hack
+    ``paper`` keeps): it has no intersection but a negative area (one axis inverted: GIoU < −1) or a positive one
+    (both axes), and its corners need not span the enclosing box, so ``(999,999),(0,0)`` against the gold
+    ``(250,250),(750,750)`` gives GIoU ≈ 3.99. Both lists must have two points or more (the anchors raise an
+    IndexError otherwise, and their reward is 0: :func:`paper_box_reward` checks this first)."""
+    (gx1, gy1), (gx2, gy2) = gold[0], gold[1]
+    (px1, py1), (px2, py2) = pred[0], pred[1]
+    inter = max(0, min(gx2, px2) - max(gx1, px1)) * max(0, min(gy2, py2) - max(gy1, py1))
+    union = (gx2 - gx1) * (gy2 - gy1) + (px2 - px1) * (py2 - py1) - inter
+    iou = inter / union if union > 0 else 0
+    enclose = (max(gx2, px2) - min(gx1, px1)) * (max(gy2, py2) - min(gy1, py1))
+    return iou - (enclose - union) / enclose if enclose > 0 else iou
 
 
 def paper_first_box(text: str) -> tuple[int, int, int, int] | None:
@@ -286,8 +311,9 @@ def paper_box_iou(pred: Sequence[float], gold: Sequence[float]) -> float:
 
 
 def box_giou(a: Sequence[float], b: Sequence[float]) -> float:
-    """Generalised IoU ``IoU − (C − U) / C`` (C = area of the smallest enclosing box, U = union), in [−1, 1];
-    ``IoU`` when ``C <= 0`` — the anchors' ``compute_giou`` (§5.3), which does not reject inverted boxes."""
+    """Generalised IoU ``IoU − (C − U) / C`` (C = area of the smallest enclosing box, U = union, areas clamped at
+    0), in [−1, 1]; ``IoU`` when ``C <= 0``. The ``strict`` reward's GIoU; the anchors' own, with signed areas, is
+    :func:`paper_signed_giou`."""
     inter = box_area((max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])))
     union = box_area(a) + box_area(b) - inter
     iou = inter / union if union > 0 else 0.0
@@ -295,23 +321,30 @@ def box_giou(a: Sequence[float], b: Sequence[float]) -> float:
     return iou - (enclose - union) / enclose if enclose > 0 else iou
 
 
-def paper_box_reward(completion: str, solution_answer: str) -> float:
-    """``paper`` LISA accuracy reward (§5.3): ``GIoU + 1`` ∈ [0, 2] between the answer's box and the gold box, both
-    in 0–1000 units; 2.0 when the stripped answer (DOTALL tag, else the whole completion) equals the gold string
-    exactly; 0.0 without a parseable box. With k ≥ 2 boxes the anchors' point list is "all top-left corners, then
-    all bottom-right corners" and they use its first two points, i.e. the box from the first box's top-left to the
-    second box's top-left — reproduced here."""
+def paper_box_reward(completion: str, solution: str) -> float:
+    """``paper`` LISA accuracy reward after its math-verify branch (``grpo_lisa.py:111-160``; the task runs that
+    branch first, and it never fires on the authors' golds, which math-verify parses to nothing):
+
+    * the ground truth is the stripped group of ``<answer>(.*?)</answer>`` in ``solution`` (no DOTALL; the authors'
+      solutions are ``"<answer> (x1,y1),(x2,y2) </answer>"``), else the stripped solution; the student answer is
+      the stripped group of the same regex *with* DOTALL in the completion, else the stripped completion;
+    * 2.0 when the two strings are equal;
+    * else :func:`paper_signed_giou` ``+ 1`` of the first two points of :func:`paper_box_points` of each — with one
+      box, its corners; with k ≥ 2 boxes, the first box's top-left to the *second* box's top-left (the points are
+      all top-lefts, then all bottom-rights) — which is outside [0, 2] for inverted boxes, as theirs;
+    * 0.0 where the authors' code raises: no box on a side, or a number that ``int`` or ``int / 1000`` refuses;
+    * 0.0 where theirs is not a finite number (coordinates of about 10¹⁵⁴ and more overflow the areas to ±inf or
+      NaN, which would poison their advantages; mmgpg's rewards must be finite) — the one documented difference."""
+    gold = answer_tag(solution, dotall=False)
+    gold = (gold if gold is not None else as_text(solution)).strip()
     student = answer_or_whole(completion, dotall=True)
-    gold = as_text(solution_answer).strip()
     if student == gold:
         return 2.0
-    pred, ref = paper_boxes(student), paper_boxes(gold)
-    if not pred or not ref:
+    pred, ref = paper_box_points(student), paper_box_points(gold)
+    if pred is None or ref is None or len(pred) < 2 or len(ref) < 2:
         return 0.0
-    points = [(b[0], b[1]) for b in pred] + [(b[2], b[3]) for b in pred]
-    p = (points[0][0] / 1000, points[0][1] / 1000, points[1][0] / 1000, points[1][1] / 1000)
-    g = tuple(v / 1000 for v in ref[0])
-    return box_giou(p, g) + 1.0
+    value = paper_signed_giou(ref, pred) + 1
+    return value if math.isfinite(value) else 0.0
 
 
 def strict_box_reward(completion: str, gold_box: Sequence[float]) -> float:

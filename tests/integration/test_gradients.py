@@ -30,6 +30,7 @@ from support.gradient_reference import (
     make_trainer,
     overlong_shaped,
     reference_gradient,
+    reference_gradient_with_kl,
     reference_loss_gradient,
     reference_old_logprobs,
     relative_error,
@@ -74,6 +75,29 @@ def test_alpha_correction_scales_the_gradient_by_exactly_alpha(tiny_dirs, tmp_pa
     g_off = trainer_gradient(off, make_groups(off, [0, 1, 2, 3]))
     assert relative_error(g_on, {k: ALPHA * v for k, v in g_off.items()}) < 1e-6
     assert relative_error(g_on, g_off) > 0.3  # and α really is 4/3 here, not 1
+
+
+def test_alpha_scales_the_policy_term_and_not_the_kl_term(tiny_dirs, tmp_path):
+    """GPG with α = 4/3 and a k3 KL term (kl_coef 0.5), the policy moved off the reference so that the KL gradient
+    is not zero: the gradient is α ∇(policy term) + β ∇(KL term), written by hand (reference_gradient_with_kl), as
+    docs/training.md states; α multiplying the KL term too (the forks' loss / inverse α) is measurably different."""
+    import torch
+
+    trainer = make_trainer(str(tiny_dirs["qwen2_vl"]), str(tmp_path / "r"), "gpg", "algo.kl_coef=0.5",
+                           "algo.kl_estimator=k3")
+    assert trainer.reference is not None and trainer.reference is not trainer.policy
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in trainer.policy.model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    advs = [gpg_advantages(g.rewards) for g in groups]
+    got = trainer_gradient(trainer, groups)
+    want = reference_gradient_with_kl(trainer, groups, advs, alpha=ALPHA, beta=0.5)
+    assert relative_error(got, want) < TOL
+    alpha_on_kl = reference_gradient_with_kl(trainer, groups, advs, alpha=ALPHA, beta=0.5, alpha_on_kl=True)
+    no_kl = reference_gradient(trainer, groups, advs, alpha=ALPHA, aggregation="seq_mean_token_mean")
+    assert relative_error(got, alpha_on_kl) > 100 * TOL and relative_error(got, no_kl) > 100 * TOL
 
 
 def test_temperature_scales_the_scored_distribution(tiny_dirs, tmp_path):

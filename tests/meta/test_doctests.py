@@ -24,3 +24,10 @@ def test_arith_task_doctests():
 
     result = doctest.testmod(mmgpg_tasks.arith)
     assert result.attempted >= 1 and result.failed == 0
+
+
+def test_post_sync_check_doctests():
+    import mmgpg.rollout.check
+
+    result = doctest.testmod(mmgpg.rollout.check)
+    assert result.attempted >= 5 and result.failed == 0

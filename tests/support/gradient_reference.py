@@ -126,6 +126,35 @@ def reference_gradient(trainer, groups, advantages: list[list[float]], *, alpha:
     return out
 
 
+def reference_gradient_with_kl(trainer, groups, advantages: list[list[float]], *, alpha: float, beta: float,
+                               alpha_on_kl: bool = False) -> dict[str, torch.Tensor]:
+    """∇L for GPG with a k3 KL term under seq_mean_token_mean, one sequence at a time:
+
+        L = 1/B · Σ_i [ -α A_i Σ_t log π(o_it) / |o_i|  +  c · β Σ_t k3_it / |o_i| ],
+        k3_it = exp(d) - d - 1,  d = log π_ref(o_it) - log π(o_it),
+
+    over **every** sequence (zero-variance groups carry KL too), c = 1 (mmgpg's documented choice: α scales the
+    policy term only) or c = α (``alpha_on_kl``: the forks' division of the whole loss by the inverse α)."""
+    policy, reference = trainer.policy, trainer.reference
+    model = policy.model
+    model.zero_grad(set_to_none=True)
+    B = sum(len(g.completion_ids) for g in groups)
+    for g, advs in zip(groups, advantages):
+        prompt = trainer.task.prompt(g.example)
+        for completion, A in zip(g.completion_ids, advs):
+            logp = sequence_token_logprobs(policy, prompt, completion)
+            with torch.no_grad():
+                ref = sequence_token_logprobs(reference, prompt, completion)
+            d = ref - logp
+            kl = (torch.exp(d) - d - 1).sum() / len(completion)
+            loss = (-alpha * A * logp.sum() / len(completion) + (alpha if alpha_on_kl else 1.0) * beta * kl) / B
+            loss.backward()
+    out = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()
+           if p.requires_grad}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
 def trainer_gradient(trainer, groups) -> dict[str, torch.Tensor]:
     """The trainer's exact step gradient (summed over ranks), before clipping and the optimizer step."""
     model = trainer.policy.model

@@ -195,3 +195,31 @@ def test_bind_gives_each_function_only_the_hyper_parameters_it_declares():
     assert grpo.keywords == {"std_eps": 0.5}
     assert grpo(rewards)[0].tolist() == pytest.approx([0.41421356, -0.41421356])
     assert bind(reinforce_token_loss, clip_eps=0.2).keywords == {}
+
+
+@pytest.mark.parametrize("high", [None, 0.28])  # symmetric ε = 0.2, and DAPO's clip-higher ε_high = 0.28
+def test_clipped_surrogate_at_and_beyond_its_bounds(high):
+    """ℓ = -min(ρA, clip(ρ, 1 - 0.2, 1 + ε_high)A), by hand, for A = ±2 and ρ below, at and beyond both bounds; the
+    gradient w.r.t. log π is -ρA where the unclipped term is the minimum and 0 where the clipped one is (the update
+    stops pushing a ratio that already moved far enough in the advantage's direction, never in the other one)."""
+    up = 1.2 if high is None else 1.28
+    ratios = [0.5, 0.8, 0.9, 1.0, 1.1, up, 1.5]
+    for A in (2.0, -2.0):
+        logp = torch.log(torch.tensor([ratios], dtype=torch.float64)).requires_grad_(True)
+        old = torch.zeros(1, len(ratios), dtype=torch.float64)
+        loss = clipped_ratio_token_loss(logp, torch.tensor([A], dtype=torch.float64), old, 0.2, high)
+        (grad,) = torch.autograd.grad(loss.sum(), logp)
+        for k, rho in enumerate(ratios):
+            clipped = min(max(rho, 0.8), up)
+            assert loss[0, k].item() == pytest.approx(-min(rho * A, clipped * A), abs=1e-12), (A, rho)
+            if A > 0 and rho > up or A < 0 and rho < 0.8:  # beyond the bound in the advantage's direction: no gradient
+                assert grad[0, k].item() == 0.0, (A, rho)
+            elif 0.8 < rho < up or A > 0 and rho < 0.8 or A < 0 and rho > up:  # inside, or beyond the other way
+                assert grad[0, k].item() == pytest.approx(-rho * A, abs=1e-12), (A, rho)
+    # A = +2 at ρ = 1.5: -2.4 (symmetric) / -2.56 (DAPO); A = -2 at ρ = 0.5: +1.6 for both (the low side is 1 - ε)
+    logp = torch.log(torch.tensor([[1.5, 0.5]], dtype=torch.float64))
+    zero = torch.zeros(1, 2, dtype=torch.float64)
+    assert clipped_ratio_token_loss(logp, torch.tensor([2.0], dtype=torch.float64), zero, 0.2, high)[0, 0].item() == \
+        pytest.approx(-2 * up, abs=1e-12)
+    assert clipped_ratio_token_loss(logp, torch.tensor([-2.0], dtype=torch.float64), zero, 0.2, high)[0, 1].item() == \
+        pytest.approx(1.6, abs=1e-12)

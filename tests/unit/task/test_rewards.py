@@ -18,9 +18,10 @@ from mmgpg.task.rewards import (
     box_iou,
     box_text,
     format_reward,
+    paper_box_points,
     paper_box_reward,
-    paper_boxes,
     paper_label_match,
+    paper_signed_giou,
     pixels_to_norm1000,
     rescale_box,
     sat_string_reward,
@@ -131,8 +132,13 @@ def test_paper_box_reward_probes(completion, reward):
 
 
 def test_boxes_parsing():
-    assert paper_boxes("x (1,2),(3,4) y ( 5 , 6 ),( 7 , 8 )") == [(1, 2, 3, 4), (5, 6, 7, 8)]
-    assert paper_boxes("(1" + "0" * 30 + ",2),(3,4)") == []  # a number too long to be a coordinate
+    # the authors' point list: every top-left, then every bottom-right, in units of 1000
+    assert paper_box_points("x (1,2),(3,4) y ( 5 , 6 ),( 7 , 8 )") == [(0.001, 0.002), (0.005, 0.006), (0.003, 0.004),
+                                                                         (0.007, 0.008)]
+    assert paper_box_points("(1" + "0" * 30 + ",2),(3,4)") == [(1e27, 0.002), (0.003, 0.004)]  # any digit count
+    assert paper_box_points("(" + "9" * 312 + ",2),(3,4) (1,2),(3,4)") is None  # int / 1000 overflows: theirs raises
+    assert paper_box_points("(" + "1" * 4301 + ",2),(3,4)") is None  # int() refuses it
+    assert paper_box_points("[1,2,3,4]") == []
     assert strict_boxes("[1.5, 2, 3, 4] then (5,6),(7,8)") == [(1.5, 2.0, 3.0, 4.0), (5.0, 6.0, 7.0, 8.0)]
     assert strict_box_reward("<think/><answer>[0,0,2,2]</answer>", (0, 0, 2, 2)) == 2.0
     assert strict_box_reward("<answer>[2,2,0,0]</answer>", (0, 0, 2, 2)) == 0.0  # inverted
@@ -160,3 +166,21 @@ def test_math_worker_off_the_main_thread_and_bounded():
         assert slow.run("parse_verify", [(" 7", "7")]) == [(True, "7")]  # restarted
     finally:
         slow.close()
+
+
+def test_paper_signed_giou_by_hand():
+    """The authors' compute_giou with signed areas, computed by hand (gold (0,0)-(2,2), area 4)."""
+    gold = [(0, 0), (2, 2)]
+    assert paper_signed_giou(gold, [(1, 1), (3, 3)]) == pytest.approx(1 / 7 - 2 / 9)  # valid boxes: the usual GIoU
+    # inverted on both axes, corners (2,2) and (0,0): I = 0, A = (0-2)(0-2) = +4, U = 8, C = 4 -> 0 - (4-8)/4 = 1
+    assert paper_signed_giou(gold, [(2, 2), (0, 0)]) == 1.0
+    # (4,4) -> (1,1): I = 0, A = +9, U = 13; C uses max(x2) = max(2, 1) and min(x1) = min(0, 4): (2-0)(2-0) = 4
+    assert paper_signed_giou(gold, [(4, 4), (1, 1)]) == pytest.approx(0 - (4 - 13) / 4)  # 2.25: reward 3.25 > 2
+    # inverted on one axis, (2,0) -> (0,2): A = -4, U = 0 -> IoU 0, C = 4 -> 0 - (4 - 0)/4 = -1; (3,0)->(0,2): A = -6
+    assert paper_signed_giou(gold, [(2, 0), (0, 2)]) == -1.0
+    assert paper_signed_giou(gold, [(3, 0), (0, 2)]) == pytest.approx(0 - (4 - (4 - 6)) / 4)  # -1.5: reward < 0
+    assert paper_box_reward("<answer>(4,4),(1,1)</answer>", "<answer> (0,0),(2,2) </answer>") == pytest.approx(3.25)
+    assert paper_box_reward("<answer>(3,0),(0,2)</answer>", "<answer> (0,0),(2,2) </answer>") == pytest.approx(-0.5)
+    # strict on the same boxes: 0 (not one valid box); on a valid one the usual GIoU + 1 in [0, 2]
+    assert strict_box_reward("<answer>(4,4),(1,1)</answer>", (0, 0, 2, 2)) == 0.0
+    assert strict_box_reward("<answer>(1,1),(3,3)</answer>", (0, 0, 2, 2)) == pytest.approx(1 + 1 / 7 - 2 / 9)

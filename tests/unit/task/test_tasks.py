@@ -142,7 +142,7 @@ def test_extractors():
     assert parse_int(None) is None and parse_int("-12") == -12 and parse_int("1 2") is None
 
 
-@settings(max_examples=2000, deadline=200)
+@settings(max_examples=2000, deadline=None)  # no wall-clock bound: the machine may be loaded
 @given(st.text(max_size=300), st.integers(-5, 10))
 def test_rewards_are_total_on_any_text(text, gold):
     ex = Example(id="x", images=[], question="", answer=gold)

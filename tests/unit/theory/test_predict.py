@@ -162,3 +162,85 @@ def test_predict_covers_rloo_and_reinforce_pp_and_says_what_it_does_not(capsys):
     assert main(["theory", "predict", "algo=dapo", "--p-ref", "0.3"]) == 0
     text = capsys.readouterr().out
     assert "not covered" in text and "overlong" in text and "updates_per_batch=2" in text
+
+
+# ---- which stationary point is the prediction, when there are several -------------------------------------------------
+
+
+def flow_limit(rate, z0: float, dt: float, steps: int = 200000) -> float:
+    """Where gradient flow ``dz/dt = rate(z)`` started at ``z0`` stops (plain Euler, independent of the root finder)."""
+    z = z0
+    for _ in range(steps):
+        step = dt * rate(z)
+        z += step
+        if abs(step) < 1e-12:
+            break
+    return z
+
+
+def test_several_k3_stationary_points_come_in_order_and_the_first_is_where_the_flow_stops():
+    """A weight made so that F(p) = pqΩ(p) − β(p − p_ref) = −(p − 0.3)(p − 0.5)(p − 0.8) (β = 1, p_ref = 0.1):
+    three roots; by hand dF/dp = −0.1, +0.06, −0.15 there, so flow_rate = −pq dF/dp = 0.021, −0.015, 0.024
+    (attracting, repelling, attracting). Gradient flow from p_ref stops at 0.3; from just above 0.5, at 0.8."""
+    from mmgpg.theory.predict import Weight, logit
+
+    cubic = lambda p: (p - 0.3) * (p - 0.5) * (p - 0.8)  # noqa: E731
+    omega = lambda p, q: ((p - 0.1) - cubic(p)) / (p * q)  # noqa: E731
+    prime = lambda p, q: (omega(p + 1e-6, q - 1e-6) - omega(p - 1e-6, q + 1e-6)) / 2e-6  # noqa: E731
+    roots = k3_stationary_points(0.1, 1.0, Weight(omega, prime, "cubic"))
+    assert [r["p"] for r in roots] == pytest.approx([0.3, 0.5, 0.8], abs=1e-9)
+    assert [r["flow_rate"] for r in roots] == pytest.approx([0.021, -0.015, 0.024], abs=1e-6)
+
+    def F(z):
+        p = 1 / (1 + math.exp(-z))
+        return -cubic(p)
+
+    assert 1 / (1 + math.exp(-flow_limit(F, logit(0.1), 1.0))) == pytest.approx(roots[0]["p"], abs=1e-6)
+    assert 1 / (1 + math.exp(-flow_limit(F, logit(0.5001), 1.0))) == pytest.approx(roots[2]["p"], abs=1e-6)
+
+
+def test_several_reverse_kl_fixed_points_come_in_order_and_the_first_is_where_the_flow_stops():
+    """The paper's Ω_ε (ε = 1e-5) at β = 1, p_ref = 0.2 has three fixed points (theory.md Table A): 0.6813 (stable),
+    0.9347 (unstable) and 1 − 10^-136.7 (stable). Flow dz/dt ∝ g(z) = z_ref + Ω(σ(z))/β − z from z_ref stops at the
+    first; started just above the second it runs to the third, just below it back to the first."""
+    from mmgpg.theory.predict import logit, sigmoid_pq
+
+    w = population_weight(1e-5)
+    roots = reverse_kl_fixed_points(0.2, 1.0, w)
+    assert len(roots) == 3 and roots[0]["p"] < roots[1]["p"] < roots[2]["p"]
+    assert [r["flow_stable"] for r in roots] == [True, False, True]
+
+    def g(z):
+        p, q = sigmoid_pq(z)
+        return logit(0.2) + float(w.omega(p, q)) - z
+
+    assert 1 / (1 + math.exp(-flow_limit(g, logit(0.2), 0.5))) == pytest.approx(roots[0]["p"], abs=1e-9)
+    assert flow_limit(g, roots[1]["logit"] + 1e-3, 0.5) == pytest.approx(roots[2]["logit"], rel=1e-9)
+    assert flow_limit(g, roots[1]["logit"] - 1e-3, 0.5) == pytest.approx(roots[0]["logit"], rel=1e-9)
+
+
+@pytest.mark.parametrize("estimator", ["k2", "k3"])
+def test_the_prediction_is_the_first_stationary_point_above_p_ref(estimator):
+    """G = 64, z-score with std_eps 1e-6, β = 1, p_ref = 0.2: the finite-G reverse-KL objective has three fixed
+    points (0.6688, 0.9521, 0.9980); `predict` and `predicted_limit` name the first, which is where gradient flow from
+    p_ref stops (checked by integrating the flow), never a later or a "more stable" one."""
+    from mmgpg.config import resolve
+    from mmgpg.theory.predict import configured_weight, logit, predict, predicted_limit, sigmoid_pq
+
+    cfg = resolve(["algo=grpo", "algo.kl_coef=1.0", f"algo.kl_estimator={estimator}", "rollout.group_size=64",
+                   "algo.std_eps=1e-6"]).config
+    w = configured_weight(cfg)
+    points = (reverse_kl_fixed_points if estimator == "k2" else k3_stationary_points)(0.2, 1.0, w)
+    if estimator == "k2":
+        assert [round(r["p"], 4) for r in points] == [0.6688, 0.9521, 0.998]
+
+    def rate(z):
+        p, q = sigmoid_pq(z)
+        if estimator == "k2":
+            return logit(0.2) + float(w.omega(p, q)) - z
+        return p * q * float(w.omega(p, q)) - (p - 0.2)
+
+    limit = 1 / (1 + math.exp(-flow_limit(rate, logit(0.2), 0.5 if estimator == "k2" else 2.0)))
+    row = predict(cfg, [0.2])["rows"][0]
+    assert row["predicted_p_star"] == points[0]["p"] == predicted_limit(cfg, 0.2)
+    assert limit == pytest.approx(points[0]["p"], abs=1e-7)
