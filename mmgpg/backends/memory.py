@@ -11,6 +11,10 @@ that do not overlap in time, so the peak is ``persistent + max(update, rollout)`
 * **rollout** — the KV cache of generation, the same autocast weight copies, and under ZeRO-3 the 16-bit weights
   gathered once for ``generate``.
 
+With ``rollout.engine=vllm`` colocated, HF generate's terms are replaced by vLLM's share of the GPU
+(:func:`vllm_engine_plan`): resident in every phase, or only in the rollout phase with ``rollout.vllm_sleep``. With
+``rollout.vllm_server`` the training GPUs hold no engine and the server's own GPU gets a line of its own.
+
 The backend, ZeRO stage and offload are plain arguments of :func:`plan_memory`; today they come from the command's
 flags (``train.backend`` / ``train.zero_stage`` / ``train.offload_*`` config keys are planned to become their
 defaults). DeepSpeed's own model-state estimators are printed beside ours when ``deepspeed`` is installed.
@@ -230,6 +234,49 @@ def kv_cache_bytes(sequences: int, tokens: int, layers: int, kv_heads: int, head
     return sequences * tokens * layers * 2 * kv_heads * head_dim * dtype_bytes
 
 
+def vllm_engine_plan(*, engine_bytes: int, params: int, largest_layer_params: int, layers: int, kv_heads: int,
+                     head_dim: int, max_model_len: int, sequences: int, tensor_parallel: int, gpu_bytes: int,
+                     utilization: float | None) -> dict[str, Any]:
+    """What one vLLM engine holds on each of its GPUs (b = the engine's weight bytes, TP = tensor-parallel size).
+
+    * weights: ``b·P / TP`` (vLLM shards every layer over its TP GPUs);
+    * KV cache per token: ``layers x 2 x ceil(kv_heads / TP) x head_dim x b`` (the KV heads are split over TP; with
+      fewer KV heads than GPUs each GPU keeps one);
+    * colocated (``utilization`` set): vLLM takes ``utilization x GPU memory`` on each GPU at start-up — its
+      ``gpu_memory_utilization`` is the fraction of the whole device this instance may use for weights,
+      activations and KV cache, and it fills what the weights and its profiling pass leave with KV-cache blocks, so
+      the share is the whole fraction whatever the sequence settings. It cannot start when the weights plus the KV
+      cache of one ``max_model_len`` sequence exceed the share; with a smaller cache than the rollout needs it runs
+      fewer sequences at once (slower, not out of memory);
+    * server (``utilization`` None): the GPU needs the weights plus the KV cache of all ``sequences`` at full length
+      to run them at once (``mmgpg vllm-serve --gpu-memory-utilization`` should give at least that), and at least
+      the weights plus one sequence to start.
+
+    The weight sync streams one tensor at a time (the training backend's ``full_weights`` is an iterator): at most
+    ``b x largest module`` beside the engine.
+    """
+    tp = tensor_parallel
+    weights = engine_bytes * params // tp
+    kv_per_token = layers * 2 * -(-kv_heads // tp) * head_dim * engine_bytes
+    one_sequence = kv_per_token * max_model_len
+    all_sequences = kv_per_token * max_model_len * sequences
+    out: dict[str, Any] = {"engine_dtype_bytes": engine_bytes, "tensor_parallel_size": tp, "weights_bytes": weights,
+                           "kv_bytes_per_token": kv_per_token, "max_model_len": max_model_len,
+                           "rollout_sequences": sequences, "kv_bytes_all_sequences": all_sequences,
+                           "sync_tensor_bytes": engine_bytes * largest_layer_params}
+    if utilization is None:
+        out["needed_bytes"] = weights + all_sequences
+        out["minimum_bytes"] = weights + one_sequence
+        out["starts"] = out["minimum_bytes"] <= gpu_bytes
+        return out
+    share = int(utilization * gpu_bytes)
+    kv_capacity = max(share - weights, 0)
+    out.update(gpu_memory_utilization=utilization, share_bytes=share, kv_capacity_bytes=kv_capacity,
+               concurrent_sequences=min(sequences, kv_capacity // one_sequence) if one_sequence else sequences,
+               starts=weights + one_sequence <= share)
+    return out
+
+
 def deepspeed_estimate(params: int, largest_layer_params: int, gpus_per_node: int, nodes: int, zero_stage: int,
                        offload: str) -> dict[str, Any]:
     """DeepSpeed's own per-GPU and per-node-CPU figures for ZeRO-2 / ZeRO-3 model states (the functions its
@@ -274,11 +321,13 @@ class Plan:
     host_bytes_per_node: int
     deepspeed: dict[str, Any]
     usable_bytes: int
+    engine: dict[str, Any] = field(default_factory=dict)  # the rollout engine: {"name": "hf"} or vLLM's figures
     fixes: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
-        return self.phases["peak"] <= self.usable_bytes
+        """The training GPUs' peak fits, and a vLLM engine (colocated or on its server GPU) can start."""
+        return self.phases["peak"] <= self.usable_bytes and self.engine.get("starts", True)
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "fits": self.fits}
@@ -357,16 +406,27 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     if lora and not shape.lora_head:  # a frozen head has no [V, H] gradient buffer
         per_gpu["logprob_buffers"] -= weight * shape.vocab * shape.hidden
     prompts_per_rank = -(-t.prompts_per_step // world)
+    engine = _engine_plan(r, shape, precision, seq_len, prompts_per_rank, world, gpu_memory_gb, reserve_gb)
+    hf_generate = engine["name"] == "hf"  # vLLM generates from its own copy: no HF KV cache, gather or autocast
     per_gpu["kv_cache"] = kv_cache_bytes(prompts_per_rank * r.group_size, seq_len, shape.layers, shape.kv_heads,
-                                         shape.head_dim, act)
-    per_gpu["rollout_gathered_weights"] = 2 * shape.params if zero_stage == 3 else 0
+                                         shape.head_dim, act) if hf_generate else 0
+    per_gpu["rollout_gathered_weights"] = 2 * shape.params if zero_stage == 3 and hf_generate else 0
+    if engine.get("mode") == "colocated":
+        per_gpu["vllm_engine"] = engine["share_bytes"]
+        per_gpu["vllm_sync_tensor"] = engine["sync_tensor_bytes"]
 
     persistent = sum(per_gpu[k] for k in ("parameters", "gradients", "optimizer", "zero3_gathered_layer",
                                           "reference_model"))
     update = sum(per_gpu.get(k, 0) for k in ("activations_text", "activations_vision", "autocast_weight_copies",
                                              "logprob_buffers"))
     # generate runs under autocast too (mmgpg/train/trainer.py _sample_groups), so its weight copies count in both phases
-    rollout = per_gpu["kv_cache"] + per_gpu["rollout_gathered_weights"] + per_gpu["autocast_weight_copies"]
+    rollout = per_gpu["kv_cache"] + per_gpu["rollout_gathered_weights"] \
+        + (per_gpu["autocast_weight_copies"] if hf_generate else 0) + per_gpu.get("vllm_sync_tensor", 0)
+    if engine.get("mode") == "colocated":  # resident all step, or (vllm_sleep) freed during the update only
+        if engine["sleeps"]:
+            rollout += per_gpu["vllm_engine"]
+        else:
+            persistent += per_gpu["vllm_engine"]
     phases = {"persistent": persistent, "update": update, "rollout": rollout,
               "peak": persistent + max(update, rollout)}
     ds = deepspeed_estimate(shape.params, shape.largest_layer_params, gpus, nodes, zero_stage, offload) \
@@ -386,8 +446,9 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
                   "gradient_checkpointing": t.gradient_checkpointing,
                   **({"freeze_vision": t.freeze_vision} if shape.has_vision else {}),
                   "reference_model": cfg.algo.kl_coef > 0 and not lora, "lora_rank": m.lora.rank},
-        per_gpu_bytes=per_gpu, phases=phases, host_bytes_per_node=states["host"] * gpus, deepspeed=ds,
-        usable_bytes=int((gpu_memory_gb - reserve_gb) * GIB),
+        per_gpu_bytes=per_gpu, phases=phases,
+        host_bytes_per_node=(states["host"] + (engine["weights_bytes"] if engine.get("sleeps") else 0)) * gpus,
+        deepspeed=ds, usable_bytes=int((gpu_memory_gb - reserve_gb) * GIB), engine=engine,
     )
     if with_fixes and not plan.fits:
         plan.fixes = _fixes(cfg, shape, gpus=gpus, nodes=nodes, gpu_memory_gb=gpu_memory_gb, backend=backend,
@@ -396,25 +457,81 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     return plan
 
 
+ENGINE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+VLLM_MARGIN_GIB = 1.0
+"""Added to a suggested ``rollout.vllm_gpu_memory_utilization`` for what vLLM keeps beside weights and KV cache
+(the activations of its profiling forward, CUDA graphs, the sampler): a judgement, not a measurement."""
+
+
+def _engine_plan(r, shape: ModelShape, precision: str, seq_len: int, prompts_per_rank: int, world: int,
+                 gpu_memory_gb: float, reserve_gb: float) -> dict[str, Any]:
+    """The rollout engine's entry of the plan: ``{"name": "hf"}``, or vLLM's figures (:func:`vllm_engine_plan`)."""
+    if r.engine != "vllm":
+        return {"name": r.engine}
+    if not 0 < r.vllm_gpu_memory_utilization <= 1 or r.vllm_tensor_parallel_size < 1:
+        raise ValueError(f"rollout.vllm_gpu_memory_utilization must be in (0, 1] and rollout.vllm_tensor_parallel_size "
+                         f">= 1; got {r.vllm_gpu_memory_utilization} and {r.vllm_tensor_parallel_size}")
+    # auto: bfloat16 under mixed precision, else the policy's own dtype (mmgpg/rollout/vllm.py)
+    dtype = r.vllm_dtype if r.vllm_dtype != "auto" else ("float32" if precision == "fp32" else "bfloat16")
+    server = bool(r.vllm_server)
+    out = vllm_engine_plan(
+        engine_bytes=ENGINE_BYTES[dtype], params=shape.params, largest_layer_params=shape.largest_layer_params,
+        layers=shape.layers, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
+        max_model_len=r.vllm_max_model_len or seq_len,
+        sequences=(prompts_per_rank * world if server else prompts_per_rank) * r.group_size,
+        tensor_parallel=r.vllm_tensor_parallel_size,
+        gpu_bytes=int((gpu_memory_gb - reserve_gb) * GIB) if server else int(gpu_memory_gb * GIB),
+        utilization=None if server else r.vllm_gpu_memory_utilization)
+    return {"name": "vllm", "mode": "server" if server else "colocated", "dtype": dtype,
+            "sleeps": bool(r.vllm_sleep) and not server, **out}
+
+
+def _changed(cfg, change: dict):
+    """``cfg`` with ``{"section.field": value}`` applied (sections: train, rollout)."""
+    for key, value in change.items():
+        section, name = key.split(".")
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **{name: value})})
+    return cfg
+
+
+def _engine_moves(cfg, shape: ModelShape, **setup) -> list[tuple[str, dict, dict]]:
+    """vLLM's own fixes (colocated): sleep during the update, or the share that holds the whole rollout's KV cache
+    (lower than the current one), or the smallest share it starts with (when it cannot start)."""
+    r = cfg.rollout
+    if r.engine != "vllm" or r.vllm_server:
+        return []
+    e = plan_memory(cfg, shape, **setup, with_fixes=False).engine
+    gpu = setup["gpu_memory_gb"] * GIB
+    moves = [] if r.vllm_sleep else [("rollout.vllm_sleep=true (vLLM frees its share during the update)", {},
+                                      {"rollout.vllm_sleep": True})]
+    margin = VLLM_MARGIN_GIB * GIB
+    whole = -(-(e["weights_bytes"] + e["kv_bytes_all_sequences"] + margin) * 100 // gpu) / 100  # rounded up to 0.01
+    least = -(-(e["weights_bytes"] + e["kv_bytes_per_token"] * e["max_model_len"] + margin) * 100 // gpu) / 100
+    for u in ((least,) if not e["starts"] else (whole,) if whole < r.vllm_gpu_memory_utilization else ()):
+        if 0 < u <= 1:
+            moves.append((f"rollout.vllm_gpu_memory_utilization={u:g}", {}, {"rollout.vllm_gpu_memory_utilization": u}))
+    return moves
+
+
 def _fixes(cfg, shape: ModelShape, **setup) -> list[str]:
     """The single changes that make the plan fit, found by planning each; when none does, the shortest cumulative
     list of them (in the order below) that does. LoRA is always added as a hint."""
     t = cfg.train
-    moves: list[tuple[str, dict, dict]] = []  # (flag or override, setup change, train change)
+    moves: list[tuple[str, dict, dict]] = []  # (flag or override, setup change, {"section.field": value})
     for s, o in ((1, "none"), (2, "none"), (3, "none"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")):
         if s > setup["zero_stage"] or (s == 3 and setup["zero_stage"] == 3 and o != setup["offload"] and o != "none"):
             flag = f"--backend deepspeed --zero-stage {s}" + (f" --offload {o}" if o != "none" else "")
             moves.append((flag, {"backend": "deepspeed", "zero_stage": s, "offload": o}, {}))
     if not t.gradient_checkpointing:
-        moves.append(("train.gradient_checkpointing=true", {}, {"gradient_checkpointing": True}))
+        moves.append(("train.gradient_checkpointing=true", {}, {"train.gradient_checkpointing": True}))
     if t.micro_batch_prompts > 1:
-        moves.append(("train.micro_batch_prompts=1", {}, {"micro_batch_prompts": 1}))
+        moves.append(("train.micro_batch_prompts=1", {}, {"train.micro_batch_prompts": 1}))
     if not t.freeze_vision and shape.has_vision:
-        moves.append(("train.freeze_vision=true", {}, {"freeze_vision": True}))
+        moves.append(("train.freeze_vision=true", {}, {"train.freeze_vision": True}))
+    moves += _engine_moves(cfg, shape, **setup)
 
-    def fits(setup_change: dict, train_change: dict) -> bool:
-        c = dataclasses.replace(cfg, train=dataclasses.replace(t, **train_change)) if train_change else cfg
-        return plan_memory(c, shape, **{**setup, **setup_change}, with_fixes=False).fits
+    def fits(setup_change: dict, change: dict) -> bool:
+        return plan_memory(_changed(cfg, change), shape, **{**setup, **setup_change}, with_fixes=False).fits
 
     out: list[str] = []
     ds_done = False
