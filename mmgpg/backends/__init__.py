@@ -79,6 +79,7 @@ class TrainingBackend(Protocol):
     params: list[torch.nn.Parameter]  # the trainable parameters (after `prepare`)
 
     equal_micro_batches: bool  # True: forward/backward hold collectives, so every rank must run as many micro-batches
+    replicated_state: bool  # True: every rank holds the whole optimizer state, so a resume may use another rank count
 
     @property
     def comm_device(self) -> torch.device:

@@ -46,6 +46,7 @@ def _import_deepspeed():
 class DeepSpeedBackend:
     name = "deepspeed"
     equal_micro_batches = True
+    replicated_state = False  # ZeRO partitions the optimizer state per rank: a resume needs the same count
 
     def __init__(self, config: Any):
         self.ds = _import_deepspeed()

@@ -11,6 +11,10 @@ that do not overlap in time, so the peak is ``persistent + max(update, rollout)`
 * **rollout** — the KV cache of generation, the same autocast weight copies, and under ZeRO-3 the 16-bit weights
   gathered once for ``generate``.
 
+With ``rollout.engine=vllm`` colocated, HF generate's terms are replaced by vLLM's share of the GPU
+(:func:`mmgpg.backends.engine_memory.vllm_engine_plan`): resident in every phase, or only in the rollout phase with ``rollout.vllm_sleep``. With
+``rollout.vllm_server`` the training GPUs hold no engine and the server's own GPU gets a line of its own.
+
 The backend, ZeRO stage and offload are plain arguments of :func:`plan_memory`; today they come from the command's
 flags (``train.backend`` / ``train.zero_stage`` / ``train.offload_*`` config keys are planned to become their
 defaults). DeepSpeed's own model-state estimators are printed beside ours when ``deepspeed`` is installed.
@@ -21,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+from mmgpg.backends.engine_memory import VLLM_MARGIN_GIB, engine_plan
 
 GIB = 2**30
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -274,11 +280,13 @@ class Plan:
     host_bytes_per_node: int
     deepspeed: dict[str, Any]
     usable_bytes: int
+    engine: dict[str, Any] = field(default_factory=dict)  # the rollout engine: {"name": "hf"} or vLLM's figures
     fixes: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool:
-        return self.phases["peak"] <= self.usable_bytes
+        """The training GPUs' peak fits, and a vLLM engine (colocated or on its server GPU) can start."""
+        return self.phases["peak"] <= self.usable_bytes and self.engine.get("starts", True)
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "fits": self.fits}
@@ -357,16 +365,27 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     if lora and not shape.lora_head:  # a frozen head has no [V, H] gradient buffer
         per_gpu["logprob_buffers"] -= weight * shape.vocab * shape.hidden
     prompts_per_rank = -(-t.prompts_per_step // world)
+    engine = engine_plan(r, shape, precision, seq_len, prompts_per_rank, world, gpu_memory_gb, reserve_gb)
+    hf_generate = engine["name"] == "hf"  # vLLM generates from its own copy: no HF KV cache, gather or autocast
     per_gpu["kv_cache"] = kv_cache_bytes(prompts_per_rank * r.group_size, seq_len, shape.layers, shape.kv_heads,
-                                         shape.head_dim, act)
-    per_gpu["rollout_gathered_weights"] = 2 * shape.params if zero_stage == 3 else 0
+                                         shape.head_dim, act) if hf_generate else 0
+    per_gpu["rollout_gathered_weights"] = 2 * shape.params if zero_stage == 3 and hf_generate else 0
+    if engine.get("mode") == "colocated":
+        per_gpu["vllm_engine"] = engine["share_bytes"]
+        per_gpu["vllm_sync_tensor"] = engine["sync_tensor_bytes"]
 
     persistent = sum(per_gpu[k] for k in ("parameters", "gradients", "optimizer", "zero3_gathered_layer",
                                           "reference_model"))
     update = sum(per_gpu.get(k, 0) for k in ("activations_text", "activations_vision", "autocast_weight_copies",
                                              "logprob_buffers"))
     # generate runs under autocast too (mmgpg/train/trainer.py _sample_groups), so its weight copies count in both phases
-    rollout = per_gpu["kv_cache"] + per_gpu["rollout_gathered_weights"] + per_gpu["autocast_weight_copies"]
+    rollout = per_gpu["kv_cache"] + per_gpu["rollout_gathered_weights"] \
+        + (per_gpu["autocast_weight_copies"] if hf_generate else 0) + per_gpu.get("vllm_sync_tensor", 0)
+    if engine.get("mode") == "colocated":  # resident all step, or (vllm_sleep) freed during the update only
+        if engine["sleeps"]:
+            rollout += per_gpu["vllm_engine"]
+        else:
+            persistent += per_gpu["vllm_engine"]
     phases = {"persistent": persistent, "update": update, "rollout": rollout,
               "peak": persistent + max(update, rollout)}
     ds = deepspeed_estimate(shape.params, shape.largest_layer_params, gpus, nodes, zero_stage, offload) \
@@ -386,8 +405,9 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
                   "gradient_checkpointing": t.gradient_checkpointing,
                   **({"freeze_vision": t.freeze_vision} if shape.has_vision else {}),
                   "reference_model": cfg.algo.kl_coef > 0 and not lora, "lora_rank": m.lora.rank},
-        per_gpu_bytes=per_gpu, phases=phases, host_bytes_per_node=states["host"] * gpus, deepspeed=ds,
-        usable_bytes=int((gpu_memory_gb - reserve_gb) * GIB),
+        per_gpu_bytes=per_gpu, phases=phases,
+        host_bytes_per_node=(states["host"] + (engine["weights_bytes"] if engine.get("sleeps") else 0)) * gpus,
+        deepspeed=ds, usable_bytes=int((gpu_memory_gb - reserve_gb) * GIB), engine=engine,
     )
     if with_fixes and not plan.fits:
         plan.fixes = _fixes(cfg, shape, gpus=gpus, nodes=nodes, gpu_memory_gb=gpu_memory_gb, backend=backend,
@@ -396,25 +416,52 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     return plan
 
 
+def _changed(cfg, change: dict):
+    """``cfg`` with ``{"section.field": value}`` applied (sections: train, rollout)."""
+    for key, value in change.items():
+        section, name = key.split(".")
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **{name: value})})
+    return cfg
+
+
+def _engine_moves(cfg, shape: ModelShape, **setup) -> list[tuple[str, dict, dict]]:
+    """vLLM's own fixes (colocated): sleep during the update, or the share that holds the whole rollout's KV cache
+    (lower than the current one), or the smallest share it starts with (when it cannot start)."""
+    r = cfg.rollout
+    if r.engine != "vllm" or r.vllm_server:
+        return []
+    e = plan_memory(cfg, shape, **setup, with_fixes=False).engine
+    gpu = setup["gpu_memory_gb"] * GIB
+    moves = [] if r.vllm_sleep else [("rollout.vllm_sleep=true (vLLM frees its share during the update)", {},
+                                      {"rollout.vllm_sleep": True})]
+    margin = VLLM_MARGIN_GIB * GIB
+    whole = -(-(e["weights_bytes"] + e["kv_bytes_all_sequences"] + margin) * 100 // gpu) / 100  # rounded up to 0.01
+    least = -(-(e["weights_bytes"] + e["kv_bytes_per_token"] * e["max_model_len"] + margin) * 100 // gpu) / 100
+    for u in ((least,) if not e["starts"] else (whole,) if whole < r.vllm_gpu_memory_utilization else ()):
+        if 0 < u <= 1:
+            moves.append((f"rollout.vllm_gpu_memory_utilization={u:g}", {}, {"rollout.vllm_gpu_memory_utilization": u}))
+    return moves
+
+
 def _fixes(cfg, shape: ModelShape, **setup) -> list[str]:
     """The single changes that make the plan fit, found by planning each; when none does, the shortest cumulative
     list of them (in the order below) that does. LoRA is always added as a hint."""
     t = cfg.train
-    moves: list[tuple[str, dict, dict]] = []  # (flag or override, setup change, train change)
+    moves: list[tuple[str, dict, dict]] = []  # (flag or override, setup change, {"section.field": value})
     for s, o in ((1, "none"), (2, "none"), (3, "none"), (2, "optimizer"), (3, "optimizer"), (3, "optimizer+params")):
         if s > setup["zero_stage"] or (s == 3 and setup["zero_stage"] == 3 and o != setup["offload"] and o != "none"):
             flag = f"--backend deepspeed --zero-stage {s}" + (f" --offload {o}" if o != "none" else "")
             moves.append((flag, {"backend": "deepspeed", "zero_stage": s, "offload": o}, {}))
     if not t.gradient_checkpointing:
-        moves.append(("train.gradient_checkpointing=true", {}, {"gradient_checkpointing": True}))
+        moves.append(("train.gradient_checkpointing=true", {}, {"train.gradient_checkpointing": True}))
     if t.micro_batch_prompts > 1:
-        moves.append(("train.micro_batch_prompts=1", {}, {"micro_batch_prompts": 1}))
+        moves.append(("train.micro_batch_prompts=1", {}, {"train.micro_batch_prompts": 1}))
     if not t.freeze_vision and shape.has_vision:
-        moves.append(("train.freeze_vision=true", {}, {"freeze_vision": True}))
+        moves.append(("train.freeze_vision=true", {}, {"train.freeze_vision": True}))
+    moves += _engine_moves(cfg, shape, **setup)
 
-    def fits(setup_change: dict, train_change: dict) -> bool:
-        c = dataclasses.replace(cfg, train=dataclasses.replace(t, **train_change)) if train_change else cfg
-        return plan_memory(c, shape, **{**setup, **setup_change}, with_fixes=False).fits
+    def fits(setup_change: dict, change: dict) -> bool:
+        return plan_memory(_changed(cfg, change), shape, **{**setup, **setup_change}, with_fixes=False).fits
 
     out: list[str] = []
     ds_done = False

@@ -15,7 +15,9 @@ ROWS = (
     ("activations_text", "activations, language model"), ("activations_vision", "activations, vision tower"),
     ("autocast_weight_copies", "bf16 weight copies (autocast)"), ("logprob_buffers", "log-prob chunk buffers"),
     ("kv_cache", "rollout KV cache"), ("rollout_gathered_weights", "16-bit weights gathered for generate"),
+    ("vllm_engine", "vLLM engine share"), ("vllm_sync_tensor", "vLLM weight sync, one tensor"),
 )
+VLLM_ROWS = ("vllm_engine", "vllm_sync_tensor")  # only with rollout.engine=vllm colocated
 
 
 def gib(n: float) -> str:
@@ -39,8 +41,11 @@ def format_plan(plan: Plan) -> str:
         "",
         f"{'per GPU':<40}{'GiB':>9}",
     ]
+    e = plan.engine
     for key, label in ROWS:
-        if key in plan.per_gpu_bytes:  # a text-only model has no vision rows
+        if key in plan.per_gpu_bytes:  # a text-only model has no vision rows, an HF rollout no vLLM rows
+            if key == "vllm_engine":
+                label += " (update: freed)" if e["sleeps"] else " (all phases)"
             lines.append(f"  {label:<38}{gib(plan.per_gpu_bytes[key]):>9}")
     ph = plan.phases
     lines += [
@@ -51,7 +56,8 @@ def format_plan(plan: Plan) -> str:
         f"{'usable (GPU memory - reserve)':<40}{gib(plan.usable_bytes):>9}",
     ]
     if plan.host_bytes_per_node:
-        lines.append(f"{'host memory per node (offload)':<40}{gib(plan.host_bytes_per_node):>9}")
+        lines.append(f"{'host memory per node (offload, sleep)':<40}{gib(plan.host_bytes_per_node):>9}")
+    lines += engine_lines(plan)
     ds = plan.deepspeed
     if ds.get("available"):
         lines.append(f"DeepSpeed estimator ({ds['function'].rsplit('.', 1)[1]}): {gib(ds['gpu_bytes'])} GiB per GPU, "
@@ -62,10 +68,41 @@ def format_plan(plan: Plan) -> str:
     if plan.fits:
         lines.append(f"fits: peak {gib(ph['peak'])} GiB <= {gib(plan.usable_bytes)} GiB usable")
     else:
-        lines.append(f"DOES NOT FIT: peak {gib(ph['peak'])} GiB > {gib(plan.usable_bytes)} GiB usable. "
-                     "Changes that would fit:")
+        why = (f"peak {gib(ph['peak'])} GiB > {gib(plan.usable_bytes)} GiB usable" if ph["peak"] > plan.usable_bytes
+               else f"peak {gib(ph['peak'])} GiB fits, but the vLLM engine cannot start (above)")
+        lines.append(f"DOES NOT FIT: {why}. Changes that would fit:")
         lines += [f"  - {fix}" for fix in plan.fixes]
     return "\n".join(lines)
+
+
+def engine_lines(plan: Plan) -> list[str]:
+    """What the rollout engine takes: nothing beyond the rows above for HF generate; vLLM's share or its server GPU."""
+    e = plan.engine
+    if e.get("name") != "vllm":
+        return []
+    tp = e["tensor_parallel_size"]
+    split = (f"; tensor parallel {tp}: each of {tp} GPUs holds 1/{tp} of the weights and "
+             f"{'1/' + str(tp) + ' of ' if tp > 1 else ''}the KV heads" if tp > 1 else "")
+    if e["mode"] == "server":
+        need = (f"vLLM server GPU (not the training GPUs): weights {gib(e['weights_bytes'])} GiB ({e['dtype']}) + KV "
+                f"cache {gib(e['kv_bytes_all_sequences'])} GiB for all {e['rollout_sequences']} sequences x "
+                f"{e['max_model_len']} tokens = {gib(e['needed_bytes'])} GiB per server GPU{split}; start mmgpg "
+                f"vllm-serve with --gpu-memory-utilization >= {e['needed_bytes'] / GIB / plan.setup['gpu_memory_gib']:.2f}"
+                " on a GPU of the same size")
+        start = ("" if e["starts"] else f"; it CANNOT START: weights + one sequence = {gib(e['minimum_bytes'])} GiB "
+                 "exceed the usable memory")
+        return [need + start]
+    share = (f"vLLM colocated: {e['gpu_memory_utilization']:g} x {plan.setup['gpu_memory_gib']:g} GiB = "
+             f"{gib(e['share_bytes'])} GiB per GPU, taken at start-up: weights {gib(e['weights_bytes'])} GiB "
+             f"({e['dtype']}), the rest ({gib(e['kv_capacity_bytes'])} GiB) KV cache, {e['concurrent_sequences']} of "
+             f"the {e['rollout_sequences']} rollout sequences x {e['max_model_len']} tokens at once{split}; "
+             + ("rollout.vllm_sleep frees the share during the update (weights to host memory), so it counts in the "
+                "rollout phase only" if e["sleeps"] else "resident in every phase (rollout.vllm_sleep=true frees it "
+                "during the update)"))
+    if not e["starts"]:
+        share += (f"; vLLM CANNOT START: its weights + one sequence's KV cache "
+                  f"({gib(e['weights_bytes'] + e['kv_bytes_per_token'] * e['max_model_len'])} GiB) exceed its share")
+    return [share]
 
 
 MAX_GPUS_PER_NODE, MAX_NODES, MAX_GPU_MEMORY_GB, MAX_IMAGES_PER_PROMPT = 64, 100_000, 10_000.0, 1_000
@@ -150,6 +187,12 @@ def memory_summary(plan: Plan) -> str:
     setup = s["backend"] + (f" ZeRO-{s['zero_stage']}" if s["backend"] == "deepspeed" else "") \
         + (f" + {s['offload']} offload" if s["offload"] != "none" else "")
     verdict = "fits" if plan.fits else "does not fit; changes that would fit: " + "; ".join(plan.fixes)
+    e = plan.engine
+    if e.get("mode") == "colocated":
+        setup += (f", vLLM share {gib(e['share_bytes'])} GiB" + (" (freed in the update)" if e["sleeps"] else "")
+                  + ("" if e["starts"] else ", too small for vLLM to start"))
+    elif e.get("mode") == "server":
+        setup += f", vLLM server GPU needs {gib(e['needed_bytes'])} GiB" + ("" if e["starts"] else " (cannot start)")
     return (f"peak {gib(plan.phases['peak'])} GiB per GPU vs {gib(plan.usable_bytes)} usable on "
             f"{s['nodes']}x{s['gpus_per_node']} GPUs, {setup}: {verdict} (details: mmgpg plan)")
 

@@ -243,14 +243,37 @@ def save_model_dir(target: Path, write, *, intact: str) -> Path:
     return target
 
 
-def load_trainer_state(checkpoint: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(trainer_state, this rank's rng state)`` of a complete checkpoint (safe loads; clear errors)."""
+def load_trainer_state(checkpoint: Path, any_world_size: bool = False) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(trainer_state, this rank's rng state)`` of a complete checkpoint (safe loads; clear errors). A checkpoint
+    written by another number of ranks is refused, unless ``any_world_size`` (a backend whose state is the same on
+    every rank: :attr:`mmgpg.backends.TrainingBackend.replicated_state`); the rng state is then None (the caller
+    re-derives it: :func:`resharded_seed`)."""
     info = distributed.current()
     meta = _read_marker(checkpoint)
-    if meta["world_size"] != info.world_size:
+    same = meta["world_size"] == info.world_size
+    if not same and not any_world_size:
         raise CheckpointError(f"{checkpoint} was written by {meta['world_size']} ranks; this run has "
-                              f"{info.world_size}. Resume with the same number of processes.")
+                              f"{info.world_size}. Resume with the same number of processes (the DeepSpeed backend's "
+                              "state is partitioned per rank; only the plain backend resumes on another count).")
     try:
-        return safe_load(checkpoint / "trainer_state.pt"), safe_load(checkpoint / f"rng_rank{info.rank}.pt")
+        return (safe_load(checkpoint / "trainer_state.pt"),
+                safe_load(checkpoint / f"rng_rank{info.rank}.pt") if same else None)
     except CheckpointError as err:
         raise CheckpointError(f"checkpoint {checkpoint}: {err}") from None
+
+
+def checkpoint_world_size(checkpoint: Path) -> int:
+    """The number of ranks that wrote ``checkpoint`` (its ``COMPLETE`` marker)."""
+    return int(_read_marker(checkpoint)["world_size"])
+
+
+def resharded_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of rank ``rank``'s random generators when a run resumes at ``step`` on another number of ranks
+    (the saved per-rank states belong to ranks that no longer exist): ``((seed · 1_000_003 + step) · 65_537 + rank)
+    mod 2^63``. Deterministic, so two resumes of the same checkpoint on the same count draw the same numbers, and
+    distinct for each rank.
+
+    >>> resharded_seed(0, 2, 0), resharded_seed(0, 2, 1)
+    (131074, 131075)
+    """
+    return ((seed * 1_000_003 + step) * 65_537 + rank) % 2**63

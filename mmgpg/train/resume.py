@@ -261,17 +261,29 @@ def restore_run_state(checkpoint: Path, run_dir: Path, cfg, backend, stream, set
     with train.resume_config=new, apply ``settings()``) a changed config before anything is loaded, restore the
     backend, the stream and this rank's RNG states (last: loading the model consumed random numbers), cut the logs
     back to the checkpoint's step (rank 0). Returns the saved counters."""
-    from mmgpg.train.checkpoint import load_trainer_state, set_rng_state
+    from mmgpg import distributed
+    from mmgpg.train.checkpoint import checkpoint_world_size, load_trainer_state, resharded_seed, set_rng_state
+    from mmgpg.utils import seed_everything
 
     changed = check_config(cfg, checkpoint, run_dir, record=is_main, command=command)
-    state, rng = load_trainer_state(checkpoint)
+    state, rng = load_trainer_state(checkpoint, any_world_size=backend.replicated_state)
     backend.load_state_dict(state)
     backend.load_engine_state(checkpoint / "engine")
     if changed:
         backend.apply_settings(settings())
-    stream.load_state_dict(state["stream"])
-    set_rng_state(rng)
+    stream.load_state_dict(state["stream"])  # a global position: the same on every rank, for any count of ranks
     counters = state["counters"]
+    if rng is not None:
+        set_rng_state(rng)
+    else:  # another number of ranks: the saved per-rank streams have no owner; derive new ones from (seed, step, rank)
+        info = distributed.current()
+        seed_everything(resharded_seed(cfg.seed, int(counters["step"]), info.rank))
+        if is_main:
+            print(f"resume: {checkpoint.name} was written by {checkpoint_world_size(checkpoint)} rank(s); this run has "
+                  f"{info.world_size}. The prompt stream continues at the same position (no prompt repeated or "
+                  "skipped); each rank's random generators are re-seeded from (seed, step, rank), so the sampled "
+                  "completions from here on differ from a run that kept the old count (docs/training.md).",
+                  file=sys.stderr, flush=True)
     if is_main:
         truncate_logs(run_dir, int(counters["step"]))
     return counters

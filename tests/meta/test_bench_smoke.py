@@ -87,3 +87,64 @@ def test_profile_step_and_padding_benches_run(tmp_path):
             for line in out.read_text().splitlines() if line.startswith("| ") and "---" not in line}
     padding = {name: int(r[1].replace(",", "")) for name, r in rows.items() if name != "micro-batches"}
     assert padding["packed"] == 0 < padding["length-ordered"] <= padding["rollout order"]
+
+
+def _gpu_acceptance():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_acceptance", REPO / "bench" / "gpu_acceptance.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_acceptance_dry_run_records_every_cell(tmp_path):
+    """The GPU acceptance script's --dry-run (tiny model, CPU, 1 step, 3 cells): each cell is a real ``mmgpg train``
+    whose metrics.jsonl is parsed; a cell that cannot run is recorded and the script goes on."""
+    import importlib.util
+
+    cmd = [sys.executable, str(REPO / "bench" / "gpu_acceptance.py"), "--dry-run", "--budget-s", "900",
+           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [path] = list((tmp_path / "out").glob("*-dry-run.json"))
+    result = json.loads(path.read_text())
+    cells = {c["cell"]: c for c in result["cells"]}
+    assert list(cells) == ["hf-plain-full", "hf-zero3-lora", "vllm-plain-full"]
+    ok = cells["hf-plain-full"]
+    assert ok["status"] == "ok", ok
+    s = ok["summary"]
+    assert s["steps"] == 1 and s["tokens_per_s"] > 0 and s["seconds_per_step"] > 0 and s["peak_rss_gib"] > 0
+    assert s["mfu"] is None and "MFU not computed" in result["peak_source"]  # no bf16 peak for a CPU
+    assert cells["hf-zero3-lora"]["status"] == "ok" or cells["hf-zero3-lora"]["status"].startswith("error")
+    if importlib.util.find_spec("vllm") is None:
+        assert cells["vllm-plain-full"]["status"] == "skipped: vllm not importable"
+    assert "| hf-plain-full | ok |" in path.with_suffix(".md").read_text()
+    assert "budget" in proc.stdout  # each cell's time budget is printed before it runs
+
+
+def test_gpu_acceptance_cell_timeout_kills_the_cell_and_goes_on(tmp_path):
+    module = _gpu_acceptance()
+    status, seconds = module.run_cell([sys.executable, "-c", "import time; time.sleep(600)"], 1, tmp_path / "log")
+    assert status == "timeout after 1 s" and seconds < 300
+    status, _ = module.run_cell([sys.executable, "-c", "raise SystemExit('bad cell')"], 60, tmp_path / "log")
+    assert status == "error (exit 1): bad cell"
+
+
+def test_gpu_acceptance_summary_and_mfu_by_hand():
+    """Two measured steps (the first of three is warm-up): 100 and 300 completion tokens in 1 s and 3 s -> 100
+    tokens/s; MFU = 6 N tokens / s / peak = 6 * 1e9 * 400 / 4 / 1e12 = 0.6."""
+    module = _gpu_acceptance()
+    rows = [{"step": 1, "time/step": 50.0, "throughput/completion_tokens_per_s": 1.0, "time/sync": 9.0,
+             "memory/rollout_cuda_allocated_mib": 4096.0},
+            {"step": 2, "time/step": 1.0, "throughput/completion_tokens_per_s": 100.0, "time/sync": 0.5,
+             "rollout/logprob_diff_mean": 1e-3, "rollout/logprob_diff_max": 0.1,
+             "memory/update_cuda_allocated_mib": 2048.0, "memory/update_cuda_reserved_mib": 3072.0},
+            {"step": 3, "time/step": 3.0, "throughput/completion_tokens_per_s": 100.0, "time/sync": 1.5,
+             "rollout/logprob_diff_mean": 2e-3, "rollout/logprob_diff_max": 0.05}]
+    s = module.summarise(rows, params=10**9, peak_flops=1e12)
+    assert s["measured_steps"] == 2 and s["seconds_per_step"] == 2.0 and s["tokens_per_s"] == 100.0
+    assert abs(s["mfu"] - 0.6) < 1e-12 and s["sync_seconds"] == 1.0
+    assert s["logprob_diff_mean"] == 2e-3 and s["logprob_diff_max"] == 0.1
+    assert s["peak_allocated_gib"] == 4.0 and s["peak_reserved_gib"] == 3.0  # the peak over all steps' phases
+    assert module.detect_gpu("cuda", 100.0)[1] == 1e14  # --peak-tflops wins

@@ -29,6 +29,54 @@ def run_mmgpg(*args: str, check: bool = True, ranks: int = 1, env: dict | None =
     return proc
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on right now (bound to port 0 and released)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_mmgpg_nodes(*args: str, nodes: int = 2, procs_per_node: int = 1, env: dict | None = None,
+                    timeout: float = 900) -> list:
+    """``python -m mmgpg ARGS`` as ``nodes`` separate torchrun launchers on this machine, each
+    ``--nnodes N --nproc_per_node P --node_rank i``, meeting through a c10d rendezvous on a free 127.0.0.1 port: a
+    multi-node launch without a second machine. Waits for all; a non-zero exit of any fails the test with every
+    launcher's output. Returns the finished processes (stdout/stderr as text)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs, logs = [], []
+    for node in range(nodes):
+        log = tempfile.TemporaryFile(mode="w+")
+        logs.append(log)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc_per_node",
+             str(procs_per_node), "--node_rank", str(node), "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint,
+             "--rdzv_id", "mmgpg-test", "-m", "mmgpg", *args], stdout=log, stderr=subprocess.STDOUT, text=True,
+            env=env))
+    try:
+        for proc in procs:
+            proc.wait(timeout=timeout)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    if any(p.returncode for p in procs):
+        raise AssertionError("\n".join(f"node {i}: exit {p.returncode}\n{out}"
+                                       for i, (p, out) in enumerate(zip(procs, outputs))))
+    return [subprocess.CompletedProcess(p.args, p.returncode, out, "") for p, out in zip(procs, outputs)]
+
+
 MEASURED = ("time/", "throughput/", "memory/", "plan/")
 """Metric namespaces that are measurements of this machine and process (wall times, throughput, peak memory) or
 written once per process start (``plan/``): they differ between runs that compute the same thing."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -302,9 +303,9 @@ def test_zero3_fits_and_json_schema(config_dirs, capsys):
     assert code == 0
     plan = json.loads(out)
     assert set(plan) == {"setup", "model", "workload", "per_gpu_bytes", "phases", "host_bytes_per_node", "deepspeed",
-                         "usable_bytes", "fixes", "fits"}
-    assert plan["fits"] is True and plan["fixes"] == []
-    assert set(plan["per_gpu_bytes"]) == {k for k, _ in plan_cli.ROWS}
+                         "usable_bytes", "engine", "fixes", "fits"}
+    assert plan["fits"] is True and plan["fixes"] == [] and plan["engine"] == {"name": "hf"}
+    assert set(plan["per_gpu_bytes"]) == {k for k, _ in plan_cli.ROWS} - set(plan_cli.VLLM_ROWS)
     assert plan["phases"]["peak"] == plan["phases"]["persistent"] + max(plan["phases"]["update"],
                                                                          plan["phases"]["rollout"])
     assert plan["setup"] == {"gpus_per_node": 8, "nodes": 1, "world_size": 8, "gpu_memory_gib": 80.0,
@@ -376,3 +377,84 @@ def test_backend_stage_and_offload_default_to_the_train_keys(config_dirs, capsys
     assert (setup["backend"], setup["zero_stage"], setup["offload"]) == ("deepspeed", 2, "none")
     setup = json.loads(run(base, capsys)[1])["setup"]  # the default config: plain
     assert (setup["backend"], setup["zero_stage"], setup["offload"]) == ("plain", 0, "none")
+
+
+# ---- the rollout engine: vLLM's share of each GPU ------------------------------------------------------------------
+
+# Qwen2-VL-2B, plain backend, checkpointing on, 5 prompts per micro-batch, 8 x 80 GiB: fits with HF generate
+# (56.6 GiB), not beside a colocated vLLM at the default 0.3 of the card.
+VLLM_CASE = ["model=qwen2_vl_2b", "train.gradient_checkpointing=true", "train.micro_batch_prompts=5", "--gpus", "8",
+             "--gpu-memory-gb", "80", "--json"]
+SHARE_0_3_OF_80 = 25_769_803_776  # 0.3 x 80 x 2**30
+SYNC_TENSOR_2B = 2 * 151_936 * 1_536  # bf16 copy of the largest module (the 151,936 x 1,536 embedding) in flight
+
+
+def _plan_json(config_dirs, capsys, *extra) -> tuple[int, dict]:
+    code, out, _ = run(["plan", *VLLM_CASE[:1], f"model.name_or_path={config_dirs['2b']}", *VLLM_CASE[1:], *extra],
+                       capsys)
+    return code, json.loads(out)
+
+
+def test_vllm_colocated_share_enters_the_peak_and_the_verdict(config_dirs, capsys):
+    code, hf = _plan_json(config_dirs, capsys)
+    assert code == 0 and hf["fits"] and hf["engine"] == {"name": "hf"} and "vllm_engine" not in hf["per_gpu_bytes"]
+    code, v = _plan_json(config_dirs, capsys, "rollout.engine=vllm")
+    assert code == 1 and not v["fits"]
+    per, ph = v["per_gpu_bytes"], v["phases"]
+    assert per["vllm_engine"] == v["engine"]["share_bytes"] == SHARE_0_3_OF_80
+    assert per["vllm_sync_tensor"] == SYNC_TENSOR_2B
+    assert per["kv_cache"] == 0 and v["engine"]["weights_bytes"] == 2 * 2_208_985_600  # bf16 engine copy
+    # Resident in every phase: persistent grows by the share; the update is unchanged; HF's rollout terms are gone.
+    assert ph["persistent"] == hf["phases"]["persistent"] + SHARE_0_3_OF_80
+    assert ph["update"] == hf["phases"]["update"] and ph["rollout"] == SYNC_TENSOR_2B
+    assert ph["peak"] == hf["phases"]["persistent"] + SHARE_0_3_OF_80 + hf["phases"]["update"]
+    assert ph["peak"] > v["usable_bytes"] >= hf["phases"]["peak"]
+    assert "rollout.vllm_sleep=true (vLLM frees its share during the update)" in v["fixes"]
+    # With vllm_sleep the share is freed during the update: it counts in the rollout phase only, and fits again.
+    code, s = _plan_json(config_dirs, capsys, "rollout.engine=vllm", "rollout.vllm_sleep=true")
+    assert code == 0 and s["engine"]["sleeps"]
+    assert s["phases"]["persistent"] == hf["phases"]["persistent"]
+    assert s["phases"]["rollout"] == SHARE_0_3_OF_80 + SYNC_TENSOR_2B
+    assert s["host_bytes_per_node"] == 8 * 2 * 2_208_985_600  # the weights of each GPU's engine sleep in host memory
+    code, out, _ = run(["plan", "model=qwen2_vl_2b", f"model.name_or_path={config_dirs['2b']}",
+                        *VLLM_CASE[1:-1], "rollout.engine=vllm"], capsys)
+    assert code == 1 and "vLLM engine share (all phases)" in out
+    assert "vLLM colocated: 0.3 x 80 GiB = 24.00 GiB per GPU" in out and "DOES NOT FIT: peak 80.59 GiB" in out
+
+
+def test_vllm_that_cannot_start_does_not_fit(config_dirs, capsys):
+    """0.05 x 80 GiB = 4 GiB is less than the 4.11 GiB of bf16 weights: vLLM refuses to start, whatever the peak."""
+    code, v = _plan_json(config_dirs, capsys, "rollout.engine=vllm", "rollout.vllm_gpu_memory_utilization=0.05")
+    assert code == 1 and v["phases"]["peak"] <= v["usable_bytes"] and v["engine"]["starts"] is False
+    # the least share that starts: weights + one 1,280-token sequence + the 1 GiB margin, rounded up to 0.01
+    least = (2 * 2_208_985_600 + 28 * 2 * 2 * 128 * 2 * 1280 + P.VLLM_MARGIN_GIB * P.GIB) / (80 * P.GIB)
+    assert f"rollout.vllm_gpu_memory_utilization={math.ceil(least * 100) / 100:g}" in v["fixes"]
+
+
+def test_vllm_server_has_its_own_line_and_no_share(config_dirs, capsys):
+    code, hf = _plan_json(config_dirs, capsys)
+    code, v = _plan_json(config_dirs, capsys, "rollout.engine=vllm", "rollout.vllm_server=http://127.0.0.1:9",
+                         "rollout.vllm_tensor_parallel_size=2")
+    assert code == 0 and "vllm_engine" not in v["per_gpu_bytes"]
+    assert v["phases"]["persistent"] == hf["phases"]["persistent"] and v["per_gpu_bytes"]["kv_cache"] == 0
+    e = v["engine"]
+    # Per server GPU, TP 2: half the bf16 weights; KV per token 28 layers x (K, V) x 1 of the 2 KV heads x 128 x 2 B;
+    # every rank's rollout at full length at once.
+    sequences = v["workload"]["rollout_sequences_per_rank"] * 8
+    assert e["mode"] == "server" and e["weights_bytes"] == 2_208_985_600
+    assert e["kv_bytes_per_token"] == 28 * 2 * 1 * 128 * 2
+    assert e["needed_bytes"] == 2_208_985_600 + 28 * 2 * 128 * 2 * 1280 * sequences
+    code, out, _ = run(["plan", "model=qwen2_vl_2b", f"model.name_or_path={config_dirs['2b']}", *VLLM_CASE[1:-1],
+                        "rollout.engine=vllm", "rollout.vllm_server=http://127.0.0.1:9",
+                        "rollout.vllm_tensor_parallel_size=2"], capsys)
+    assert "vLLM server GPU (not the training GPUs)" in out and "tensor parallel 2: each of 2 GPUs" in out
+
+
+def test_check_memory_row_counts_vllm(capsys):
+    """The tiny model fits 0.2 GiB with HF generate (0.16 GiB), not with vLLM's 0.3 x 0.2 GiB beside it."""
+    args = ["check", "task=shapes", "model=tiny", "--examples", "1", "--gpus", "1", "--reserve-gb", "0",
+            "--gpu-memory-gb", "0.2"]
+    code, out, _ = run(args, capsys)
+    assert code == 0 and "fits (details: mmgpg plan)" in out and "vLLM" not in out
+    code, out, _ = run([*args, "rollout.engine=vllm"], capsys)
+    assert code == 1 and "vLLM share 0.06 GiB" in out and "does not fit" in out
