@@ -161,10 +161,10 @@ class PolicyBase:
         :attr:`suppressed_token_ids` (which sampling suppresses), i.e. exactly the sampling distribution. Only
         masked-in positions are scored, ``chunk_size`` tokens at a time.
         """
-        from mmgpg.models.lora import output_head
+        from mmgpg.models.lora import output_head, output_module
 
         scored = hidden[:, prompt_len - 1 : -1][mask]  # [K, H]: positions that predict completion tokens
-        head = self.model.get_output_embeddings()
+        head = output_module(self.model)  # the module owning the head's weights (through PEFT's wrapper)
 
         def score(hidden_, targets_):  # reads the head's weights only inside head's own call (see call_through)
             weight, bias = output_head(self.model)  # through PEFT's wrappers: the head the forward really uses

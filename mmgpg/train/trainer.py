@@ -82,7 +82,11 @@ class Trainer:
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
         dtype = self.backend.weights_dtype(cfg.model.dtype)
-        self.policy = load_for_training(cfg.model, self.device, dtype, checkpoint, policy=policy)
+        # Loading draws the same numbers on every rank (a fresh LoRA adapter's random A): every rank must start from
+        # the same model, which the backends never broadcast. The ranks' own streams (sampling) continue afterwards.
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(cfg.seed)
+            self.policy = load_for_training(cfg.model, self.device, dtype, checkpoint, policy=policy)
         # LoRA: the reference is the policy itself with its adapter switched off (_fixed_logprobs); no second copy.
         self.reference = None if cfg.algo.kl_coef == 0 else (
             self.policy if lora.is_lora(self.policy) else self._load(cfg.model.name_or_path, dtype))
