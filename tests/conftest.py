@@ -82,6 +82,28 @@ def tiny_sam_dir(tmp_path_factory) -> Path:
     return out
 
 
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", default=False,
+                     help="also run the tests marked slow (as does MMGPG_SLOW=1 or -m slow)")
+
+
+def run_slow(config) -> bool:
+    """Tests marked ``slow`` run only with ``--runslow``, ``MMGPG_SLOW=1`` or a ``-m`` expression that selects
+    ``slow`` (CI runs plain ``pytest``, which skips them: long end-to-end runs whose parts faster tests cover)."""
+    expr = config.getoption("-m") or ""
+    return bool(config.getoption("--runslow") or os.environ.get("MMGPG_SLOW") == "1"
+                or ("slow" in expr and "not slow" not in expr))
+
+
+def pytest_collection_modifyitems(config, items):
+    if run_slow(config):
+        return
+    skip = pytest.mark.skip(reason="slow: run with --runslow or MMGPG_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """A run in which no test passed is a failure (CI must never go green on an empty or all-skipped suite)."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -141,6 +141,11 @@ class TrainingBackend(Protocol):
         """The full weights for ``save_pretrained`` (collective; None: the model's own state dict is complete)."""
         ...
 
+    def trainable_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """``{name: full tensor}`` of ``model``'s trainable parameters (a LoRA adapter for PEFT's save), gathered when
+        partitioned (collective; None: the module's own tensors are whole)."""
+        ...
+
     def save_engine_state(self, directory: Path) -> None:
         """Write state that is not in :meth:`state_dict` (every rank; e.g. partitioned optimizer state)."""
         ...

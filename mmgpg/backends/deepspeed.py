@@ -208,11 +208,12 @@ class DeepSpeedBackend:
     # ---- checkpoints ----------------------------------------------------------------------------------------------
 
     def full_weights(self, dtype: torch.dtype | None = None):
-        """ZeRO-0/1/2: every rank holds the full weights (the module's own tensors). ZeRO-3: the parameters are
-        empty placeholders outside a gather, so each module's own parameters are gathered in turn
-        (``GatheredParameters`` over ``parameters(recurse=False)``: one module's worth of memory at a time), copied in
-        ``dtype``, and released; persistent buffers are never partitioned. Collective under ZeRO-3: every rank
-        iterates to the end. (LoRA is refused with DeepSpeed by the config, so there is nothing to merge here.)"""
+        """ZeRO-0/1/2: every rank holds the full weights (the module's own tensors, LoRA merged as on the plain
+        backend). ZeRO-3: the parameters are empty placeholders outside a gather, so each module's own parameters are
+        gathered in turn (``GatheredParameters`` over ``parameters(recurse=False)``: one module's worth of memory at
+        a time), copied in ``dtype``, and released; a LoRA layer or a fully trained copy is gathered as one unit (its
+        base weight with its adapters) and merged (:func:`mmgpg.models.lora.merged_unit`); persistent buffers are
+        never partitioned. Collective under ZeRO-3: every rank iterates to the end."""
         from mmgpg.models.save import policy_weights, unique_tensors
 
         if self.zero_stage != 3:
@@ -220,9 +221,33 @@ class DeepSpeedBackend:
         return unique_tensors(_gathered_tensors(self.engine.module, dtype), dtype)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """ZeRO-3 only (None below: the module's own tensors are whole): the full weights for ``save_pretrained``,
+        complete on rank 0 (the other ranks take part in the gathers and get an empty dict). Without LoRA DeepSpeed's
+        consolidated 16-bit state dict; with LoRA the merged weights of :meth:`full_weights` under the base model's
+        names (what ``policy/`` holds on the plain backend too)."""
         if self.zero_stage != 3:
             return None
-        return self.engine._zero3_consolidated_16bit_state_dict()  # gathered one module at a time; full on rank 0
+        from mmgpg.models.lora import merge_units
+
+        if not merge_units(self.engine.module):
+            return self.engine._zero3_consolidated_16bit_state_dict()  # gathered one module at a time; full on rank 0
+        keep = self.dist.rank == 0
+        out = {}
+        for name, tensor in _gathered_tensors(self.engine.module, None):
+            if keep:
+                out[name] = tensor
+        return out
+
+    def trainable_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+        """``{name: full tensor}`` of ``model``'s trainable parameters (a LoRA adapter: the ``PeftModel``'s own
+        names, as PEFT's ``save_pretrained(state_dict=...)`` takes them), gathered under ZeRO-3 (collective: every
+        rank calls it; the adapter is small, so it is gathered at once); None below stage 3, where the module's own
+        tensors are whole."""
+        if self.zero_stage != 3:
+            return None
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        with self.ds.zero.GatheredParameters([p for _, p in named], modifier_rank=None):
+            return {n: p.detach().clone() for n, p in named}
 
     def save_engine_state(self, directory: Path) -> None:
         with _quiet():
@@ -325,19 +350,37 @@ def _init_single_process_group(backend: str) -> None:
 
 def _gathered_tensors(model: torch.nn.Module, dtype: torch.dtype | None):
     """``(name, full tensor)`` for every parameter and persistent buffer of a ZeRO-3 ``model``, gathered one module
-    at a time (every rank must consume the whole iterator: each gather is a collective)."""
+    at a time (every rank must consume the whole iterator: each gather is a collective). A LoRA layer or a fully
+    trained copy (:func:`mmgpg.models.lora.merge_units`) is gathered whole, as one unit, and yields its merged tensors
+    under the base model's names (:func:`mmgpg.models.lora.merged_unit`)."""
     import deepspeed
 
+    from mmgpg.models.lora import merge_units, merged_unit
+
+    def cast(t):
+        return t.to(dtype, copy=True) if dtype is not None and t.is_floating_point() else t.clone()
+
+    units = merge_units(model)
     seen: set[int] = set()
+    inside = None  # the unit whose submodules are being skipped
     for prefix, module in model.named_modules():
+        if inside is not None and prefix.startswith(inside):
+            continue
+        inside = None
+        if prefix in units:
+            params = [q for q in module.parameters() if id(q) not in seen]
+            seen.update(id(q) for q in params)
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                for name, tensor in merged_unit(module).items():
+                    yield f"{prefix}.{name}", cast(tensor)
+            inside = prefix + "."
+            continue
         params = [(n, q) for n, q in module.named_parameters(recurse=False) if id(q) not in seen]
         seen.update(id(q) for _, q in params)
         if params:
             with deepspeed.zero.GatheredParameters([q for _, q in params], modifier_rank=None):
                 for name, q in params:
-                    full = q.detach()
-                    yield (f"{prefix}.{name}" if prefix else name), (full.to(dtype, copy=True) if dtype is not None
-                                                                      and full.is_floating_point() else full.clone())
+                    yield (f"{prefix}.{name}" if prefix else name), cast(q.detach())
         for name, buf in module.named_buffers(recurse=False):
             if buf is not None and name not in module._non_persistent_buffers_set:
                 yield (f"{prefix}.{name}" if prefix else name), buf.detach()

@@ -119,6 +119,9 @@ class PlainBackend:
     def full_state_dict(self) -> None:
         return None
 
+    def trainable_state_dict(self, model) -> None:
+        return None  # the model's own tensors are whole
+
     def save_engine_state(self, directory) -> None:
         pass
 

@@ -111,11 +111,6 @@ def check(cfg: Config, *, task: bool = True) -> list[Problem]:
     if task:
         p += _check_task(cfg.task)
     p += check_lora(cfg)
-    if cfg.model.lora.rank > 0 and t.backend != "plain":
-        p.append(Problem("train.backend", t.backend, "LoRA runs on the plain backend only: LoRA under DeepSpeed (the "
-                         "adapter's partitioning, merged saving under ZeRO-3) is not built or tested yet.",
-                         "set train.backend=plain (LoRA's gradients and optimizer state are small), or "
-                         "model.lora.rank=0 for full fine-tuning with DeepSpeed."))
     return p
 
 

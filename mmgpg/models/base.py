@@ -169,9 +169,9 @@ class PolicyBase:
         """:meth:`score_hidden` from the hidden states ``scored [K, H]`` of the ``K = mask.sum()`` positions that
         predict the masked-in completion tokens, in ``mask``'s row-major order (a packed forward gathers them from
         its one long row)."""
-        from mmgpg.models.lora import output_head
+        from mmgpg.models.lora import output_head, output_module
 
-        head = self.model.get_output_embeddings()
+        head = output_module(self.model)  # the module owning the head's weights (through PEFT's wrapper)
 
         def score(hidden_, targets_):  # reads the head's weights only inside head's own call (see call_through)
             weight, bias = output_head(self.model)  # through PEFT's wrappers: the head the forward really uses

@@ -254,15 +254,8 @@ def output_head(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
     ``model.lora``, but an adapter loaded from elsewhere may have one) is ``W + sum of active deltas``.
     """
     from peft.tuners.lora import LoraLayer
-    from peft.utils.other import ModulesToSaveWrapper
 
-    head = model.get_output_embeddings()
-    if isinstance(head, ModulesToSaveWrapper):
-        active = head.active_adapters
-        if head.disable_adapters or not active or active[0] not in head.modules_to_save:
-            head = head.original_module
-        else:
-            head = head.modules_to_save[active[0]]
+    head = output_module(model)
     if isinstance(head, LoraLayer):
         base = head.get_base_layer()
         weight = base.weight
@@ -274,9 +267,67 @@ def output_head(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
     return head.weight, head.bias
 
 
+def output_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module that holds the weights :func:`output_head` reads: the output embedding itself, or through a
+    ``ModulesToSaveWrapper`` its active trained copy (the original while adapters are disabled). Scoring runs as
+    this module's forward (:func:`mmgpg.models.base.call_through`), so that DeepSpeed ZeRO-3 gathers exactly these
+    weights for it (the wrapper holds no parameter of its own, and ZeRO-3 gathers a module's own parameters only)."""
+    from peft.utils.other import ModulesToSaveWrapper
+
+    head = model.get_output_embeddings()
+    if isinstance(head, ModulesToSaveWrapper):
+        active = head.active_adapters
+        if head.disable_adapters or not active or active[0] not in head.modules_to_save:
+            return head.original_module
+        return head.modules_to_save[active[0]]
+    return head
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Merging and saving
 # --------------------------------------------------------------------------------------------------------------------
+
+
+def merge_units(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The modules of ``model`` whose tensors are renamed or combined by merging, by name: every LoRA layer and
+    every fully trained copy (``ModulesToSaveWrapper``), outermost only (a unit inside another is the outer's)."""
+    from peft.tuners.lora import LoraLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    units: dict[str, torch.nn.Module] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, (LoraLayer, ModulesToSaveWrapper)) and _owner(name, units) is None:
+            units[name] = module
+    return units
+
+
+def merged_unit(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors of one merge unit (:func:`merge_units`) under the base model's names relative to it, detached.
+
+    A LoRA layer: ``weight = base_layer.weight + sum over active adapters of (alpha/r) B A`` (PEFT's
+    ``get_delta_weight``; the base weight alone while adapters are disabled or already merged), ``bias =
+    base_layer.bias``, and the base layer's other tensors as they are. A ``ModulesToSaveWrapper``: the active
+    trained copy's state dict (the frozen original while adapters are disabled). The unit's parameters must be whole
+    for the call (under DeepSpeed ZeRO-3: inside a gather of ``module.parameters()``)."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    if isinstance(module, LoraLayer):
+        out = dict(module.get_base_layer().state_dict())
+        if not module.disable_adapters and not module.merged:
+            weight = out["weight"]
+            with torch.no_grad():
+                for adapter in module.active_adapters:
+                    if adapter in module.lora_A or adapter in getattr(module, "lora_embedding_A", {}):
+                        weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+            out["weight"] = weight
+        return {k: v.detach() for k, v in out.items()}
+    active = module.active_adapters
+    if module.disable_adapters or not active or active[0] not in module.modules_to_save:
+        source = module.original_module
+    else:
+        source = module.modules_to_save[active[0]]
+    return {k: v.detach() for k, v in source.state_dict().items()}
 
 
 def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -286,49 +337,22 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     ``m.bias = m.base_layer.bias``; its ``lora_*`` tensors are dropped. For a fully trained module ``m``
     (``ModulesToSaveWrapper``): ``m.X = m.modules_to_save.<active>.X``; the frozen original is dropped. A model
     without adapters gives its own ``state_dict()``. The weight-sync hook for rollout engines with their own weights:
-    call it after each optimizer step (no gradients; tensors detached).
+    call it after each optimizer step (no gradients; tensors detached). Each unit is :func:`merged_unit` (which the
+    DeepSpeed backend also calls per gathered unit under ZeRO-3).
     """
-    import torch
-    from peft.tuners.lora import LoraLayer
-    from peft.utils.other import ModulesToSaveWrapper
-
     state = model.state_dict()
-    lora_layers, wrappers = {}, {}
-    for name, module in model.named_modules():
-        if isinstance(module, LoraLayer):
-            lora_layers[name] = module
-        elif isinstance(module, ModulesToSaveWrapper):
-            wrappers[name] = module
-    if not lora_layers and not wrappers:
+    units = merge_units(model)
+    if not units:
         return state
     out: dict[str, torch.Tensor] = {}
+    merged = set()
     for key, value in state.items():
-        owner = _owner(key, lora_layers)
-        if owner is not None:
-            rest = key[len(owner) + 1 :]
-            if rest.startswith("base_layer."):
-                out[owner + "." + rest[len("base_layer.") :]] = value
-            continue  # lora_A / lora_B / ... : merged below
-        owner = _owner(key, wrappers)
-        if owner is not None:
-            wrapper, rest = wrappers[owner], key[len(owner) + 1 :]
-            prefix = f"modules_to_save.{wrapper.active_adapters[0]}."
-            if not wrapper.disable_adapters and rest.startswith(prefix):
-                out[owner + "." + rest[len(prefix) :]] = value
-            elif wrapper.disable_adapters and rest.startswith("original_module."):
-                out[owner + "." + rest[len("original_module.") :]] = value
-            continue
-        out[key] = value
-    with torch.no_grad():
-        for name, layer in lora_layers.items():
-            if layer.disable_adapters or layer.merged:
-                continue
-            key = name + ".weight"
-            weight = out[key]
-            for adapter in layer.active_adapters:
-                if adapter in layer.lora_A or adapter in getattr(layer, "lora_embedding_A", {}):
-                    weight = weight + layer.get_delta_weight(adapter).to(weight.dtype)
-            out[key] = weight.detach()
+        owner = _owner(key, units)
+        if owner is None:
+            out[key] = value
+        elif owner not in merged:  # the unit's tensors where its first key was (the state dict's order kept)
+            merged.add(owner)
+            out.update((f"{owner}.{k}", v) for k, v in merged_unit(units[owner]).items())
     return out
 
 
@@ -342,10 +366,12 @@ def _owner(key: str, modules: dict[str, Any]) -> str | None:
     return None
 
 
-def save_adapter(policy, directory: str | Path) -> None:
+def save_adapter(policy, directory: str | Path, trainable: dict[str, torch.Tensor] | None = None) -> None:
     """The adapter (and fully trained modules) in PEFT's format: ``adapter_config.json`` + ``adapter_model.safetensors``
-    (``PeftModel.from_pretrained(base, directory)`` loads it)."""
-    policy.peft.save_pretrained(str(directory), save_embedding_layers=False)
+    (``PeftModel.from_pretrained(base, directory)`` loads it). ``trainable``: the adapter's tensors by the
+    ``PeftModel``'s parameter names, gathered, when the model's own are partitioned (DeepSpeed ZeRO-3)."""
+    kwargs = {} if trainable is None else {"state_dict": trainable}
+    policy.peft.save_pretrained(str(directory), save_embedding_layers=False, **kwargs)
 
 
 def trainable_summary(model: torch.nn.Module) -> dict[str, int]:

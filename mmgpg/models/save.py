@@ -17,11 +17,11 @@ from mmgpg.utils import no_transformers_bars, quiet_deepspeed_import
 def save_policy(policy, directory: str | Path, full_state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """``directory`` as a Hugging Face model folder (plain transformers and vLLM load it): the model with adapters
     merged, and the processor. ``full_state_dict``: the gathered weights when the model's own are partitioned
-    (DeepSpeed ZeRO-3, which the config does not combine with LoRA)."""
+    (DeepSpeed ZeRO-3; with LoRA already merged, under the base model's names)."""
     directory = Path(directory)
     # no "Writing model shards" bar at every checkpoint; accelerate imports DeepSpeed (when installed) in the save
     with no_transformers_bars(), quiet_deepspeed_import():
-        if is_lora(policy):
+        if is_lora(policy) and full_state_dict is None:
             policy.model.save_pretrained(directory, state_dict=merged_state_dict(policy.model))
         else:
             policy.model.save_pretrained(directory, state_dict=full_state_dict)  # None: the model's own

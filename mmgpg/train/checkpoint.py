@@ -86,6 +86,7 @@ def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: di
 
     info = distributed.current()
     full = backend.full_state_dict() if backend is not None else None
+    adapter = backend.trainable_state_dict(policy.peft) if backend is not None and is_lora(policy) else None
     root = checkpoint_root(output_dir)
     final = root / f"step-{step:08d}"
     tmp = root / f".tmp-step-{step:08d}"
@@ -99,7 +100,7 @@ def save_checkpoint(output_dir: str | Path, step: int, policy, trainer_state: di
             save_policy(policy, tmp / "policy", full)  # merged / gathered: loads in plain transformers and vLLM
             if is_lora(policy):
                 writing = f"{ADAPTER_DIR}/"
-                save_adapter(policy, tmp / ADAPTER_DIR)
+                save_adapter(policy, tmp / ADAPTER_DIR, adapter)
             writing = "trainer_state.pt"
             torch.save(trainer_state, tmp / "trainer_state.pt")
             for name, text in (extra_files or {}).items():

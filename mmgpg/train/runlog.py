@@ -16,6 +16,30 @@ WANDB_RUN_ID = "wandb_run_id"
 """The file in the run directory that holds the run's W&B id (one line), so a resumed run continues its W&B run."""
 
 
+def planned_memory(cfg, device, world_size: int, note: Callable[[str], None]) -> dict[str, float]:
+    """``mmgpg plan``'s prediction for a run of ``cfg`` on ``world_size`` ranks (per device: persistent, update,
+    rollout, peak), as ``plan/*_mib`` for the first step's metrics record, where the measured ``memory/*`` of the same
+    step sit beside it. On a CPU the planned figures are what one 80 GB GPU of the same setup would hold. Empty when
+    the planner cannot model the run (``note`` says why in the log)."""
+    import torch
+
+    from mmgpg.backends.memory import model_shape, plan_memory
+
+    t = cfg.train
+    try:
+        total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * 2**30
+        stage = t.zero_stage if t.backend == "deepspeed" else 0
+        offload = ("optimizer+params" if t.offload_params else "optimizer" if t.offload_optimizer else "none") \
+            if t.backend == "deepspeed" else "none"
+        plan = plan_memory(cfg, model_shape(cfg.model.name_or_path, cfg.model.lora), gpus=world_size,
+                           gpu_memory_gb=total / 2**30, backend=t.backend, zero_stage=stage, offload=offload,
+                           with_fixes=False)
+    except (ValueError, OSError) as err:
+        note(f"no memory plan for this run ({err})")
+        return {}
+    return {f"plan/{phase}_mib": float(b) / 2**20 for phase, b in plan.phases.items()}
+
+
 def saved_wandb_id(run_dir: Path, *, resuming: bool) -> str | None:
     """The W&B run id to continue: on a resume from a checkpoint (``resuming``), the one in ``run_dir/wandb_run_id``
     (written by :func:`save_wandb_id` at the first start); None for a new run, a run that starts over at step 0

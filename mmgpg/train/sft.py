@@ -156,6 +156,8 @@ class SFTTrainer:
         full = self.backend.full_state_dict()
         final = save_model_dir(self.run_dir / "final", lambda d: save_policy(self.policy, d, full), intact=intact)
         if lora.is_lora(self.policy):
-            save_model_dir(self.run_dir / "final_adapter", lambda d: lora.save_adapter(self.policy, d), intact=intact)
+            adapter = self.backend.trainable_state_dict(self.policy.peft)  # collective under ZeRO-3
+            save_model_dir(self.run_dir / "final_adapter", lambda d: lora.save_adapter(self.policy, d, adapter),
+                           intact=intact)
         return final
 

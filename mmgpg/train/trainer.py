@@ -50,7 +50,7 @@ from mmgpg.rundir import SuccessRecord, run_dir_path
 from mmgpg.task import SkipBadRows, build_task, first_items
 from mmgpg.train import resume
 from mmgpg.train.objective import Objective, StepCounts
-from mmgpg.train.runlog import RunLog
+from mmgpg.train.runlog import RunLog, planned_memory
 from mmgpg.train.stream import PromptStream
 from mmgpg.utils import GracefulStop, PeakMemory, seed_everything
 
@@ -93,7 +93,11 @@ class Trainer:
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
         dtype = self.backend.weights_dtype(cfg.model.dtype)
-        self.policy = load_for_training(cfg.model, self.device, dtype, checkpoint, policy=policy)
+        # Loading draws the same numbers on every rank (a fresh LoRA adapter's random A): every rank must start from
+        # the same model, which the backends never broadcast. The ranks' own streams (sampling) continue afterwards.
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(cfg.seed)
+            self.policy = load_for_training(cfg.model, self.device, dtype, checkpoint, policy=policy)
         check_packing(self.policy, cfg.model)
         self.packed = packs(self.policy, cfg.model)
         # LoRA: the reference is the policy itself with its adapter switched off (_fixed_logprobs); no second copy.
@@ -436,28 +440,6 @@ class Trainer:
                 rundir.replace_probe(self.run_dir / rundir.PROBES, records)
         distributed.barrier()
 
-    def _memory_plan(self) -> dict[str, float]:
-        """``mmgpg plan``'s prediction for this run (per device: persistent, update, rollout, peak), as ``plan/*_mib``
-        for the first step's metrics record, where the measured ``memory/*`` of the same step sit beside it. On a CPU
-        the planned figures are what one GPU of the same setup would hold. Empty when the planner cannot model the
-        run (it says why in the log)."""
-        from mmgpg.backends.memory import model_shape, plan_memory
-
-        t = self.cfg.train
-        try:
-            total = (torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda"
-                     else 80 * 2**30)
-            stage = t.zero_stage if t.backend == "deepspeed" else 0
-            offload = ("optimizer+params" if t.offload_params else "optimizer" if t.offload_optimizer else "none") \
-                if t.backend == "deepspeed" else "none"
-            plan = plan_memory(self.cfg, model_shape(self.cfg.model.name_or_path, self.cfg.model.lora),
-                               gpus=self.dist.world_size, gpu_memory_gb=total / 2**30, backend=t.backend,
-                               zero_stage=stage, offload=offload, with_fixes=False)
-        except (ValueError, OSError) as err:
-            self.runlog.note(f"no memory plan for this run ({err})")
-            return {}
-        return {f"plan/{phase}_mib": float(b) / 2**20 for phase, b in plan.phases.items()}
-
     def save(self) -> Path:
         return resume.save_run_state(self.run_dir, self.state.step, self.policy, self.backend, self.stream,
                                      vars(self.state).copy(), self.cfg, self.cfg.train.keep_last)
@@ -468,7 +450,7 @@ class Trainer:
         """Run until ``train.max_steps``; save at ``save_every``, at the end, and at a SIGTERM/SIGINT step boundary."""
         cfg = self.cfg
         self.runlog = RunLog(self.run_dir, cfg, start_step=self.state.step, is_main=self.dist.is_main)
-        planned = self._memory_plan()  # beside the first step's measured memory/* (planned vs measured)
+        planned = planned_memory(cfg, self.device, self.dist.world_size, self.runlog.note)  # beside step 1's memory/*
         self.stopper.__enter__()
         try:
             if cfg.train.eval_every and self.state.step == 0:

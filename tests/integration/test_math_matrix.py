@@ -1,6 +1,6 @@
 """The math family end to end on the tiny text model (issue: text policies and the paper's unimodal rows): `mmgpg
 train task=math` under the plain backend with LoRA and under DeepSpeed ZeRO-2 and ZeRO-3 on 2 gloo ranks (full
-fine-tuning; LoRA under DeepSpeed is refused at config time, docs/distributed.md), each followed by the sampled
+fine-tuning; LoRA under DeepSpeed is in tests/unit/backends/test_deepspeed.py and the HF-engine matrix), each followed by the sampled
 evaluation of its checkpoint, `mmgpg eval --task math_500 --samples 4`. The vLLM engine's runs of the same are in
 tests/integration/test_vllm.py (the separate vLLM environment)."""
 

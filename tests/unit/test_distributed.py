@@ -236,3 +236,27 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_dirs, tmp_path):
     a = trainer_gradient(plain, make_groups(plain, [0, 1, 2, 3]))
     b = trainer_gradient(ckpt, make_groups(ckpt, [0, 1, 2, 3]))
     assert relative_error(b, a) < TOL
+
+
+def _lora_init_worker(rank: int, world: int, init_file: str, model_dir: str, out: str) -> None:
+    _init(rank, world, init_file)
+    try:
+        trainer = make_trainer(model_dir, f"{out}/dist", "gpg", "model.lora.rank=4")
+        torch.save({n: p.detach().clone() for n, p in trainer.policy.peft.named_parameters() if p.requires_grad},
+                   f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_a_fresh_lora_adapter_is_the_same_on_every_rank(tiny_dirs, tmp_path):
+    """The adapter's random A is drawn at start-up, after each rank seeded its own stream (seed + rank, for
+    sampling); the plain backend never broadcasts weights, so unless loading draws from ``seed`` itself the ranks
+    would train different adapters (DeepSpeed's initialize broadcasts rank 0's and hid it there)."""
+    mp.spawn(_lora_init_worker, args=(2, str(tmp_path / "init"), str(tiny_dirs["qwen2_vl"]), str(tmp_path)), nprocs=2,
+             join=True)
+    rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert rank0.keys() == rank1.keys() and any("lora_A" in k for k in rank0)
+    assert any(float(v.abs().max()) > 0 for k, v in rank0.items() if "lora_A" in k)
+    for k in rank0:
+        assert torch.equal(rank0[k], rank1[k]), f"the ranks' fresh adapters differ at {k}"
