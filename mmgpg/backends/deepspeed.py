@@ -33,8 +33,16 @@ from mmgpg.models.load import resolve_device
 
 
 def _import_deepspeed():
+    import os
+    import sys
+
     from mmgpg.utils import quiet_deepspeed_import
 
+    # DeepSpeed JIT-builds its CPU ops into torch's extension cache, keyed by Python and CUDA only: a build made by
+    # one torch (2.14 in the core environment) would be loaded by another (2.13 in the vLLM environment). One folder
+    # per torch version keeps them apart (an explicit TORCH_EXTENSIONS_DIR wins).
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(
+        Path.home() / ".cache" / "torch_extensions" / f"py{sys.version_info[0]}{sys.version_info[1]}_torch{torch.__version__}"))
     try:
         with quiet_deepspeed_import():
             import deepspeed
@@ -214,11 +222,14 @@ class DeepSpeedBackend:
         a time), copied in ``dtype``, and released; a LoRA layer or a fully trained copy is gathered as one unit (its
         base weight with its adapters) and merged (:func:`mmgpg.models.lora.merged_unit`); persistent buffers are
         never partitioned. Collective under ZeRO-3: every rank iterates to the end."""
-        from mmgpg.models.save import policy_weights, unique_tensors
+        from mmgpg.models.save import policy_weights
 
         if self.zero_stage != 3:
             return policy_weights(self.engine.module, dtype)
-        return unique_tensors(_gathered_tensors(self.engine.module, dtype), dtype)
+        # Not through unique_tensors: it tells tied tensors apart by storage address, and a consumer that frees each
+        # gathered copy once used (a bucketed sync) lets the next copy reuse that address, which would be taken for
+        # a tie and dropped. _gathered_tensors yields each parameter once by identity instead (ties included).
+        return _gathered_tensors(self.engine.module, dtype)
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """ZeRO-3 only (None below: the module's own tensors are whole): the full weights for ``save_pretrained``,

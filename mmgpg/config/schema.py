@@ -87,6 +87,13 @@ class RolloutConfig:
     """Seconds to wait for the vLLM server's health check at start-up and for each of its replies."""
     vllm_sync_dir: str = ""
     """Server mode: folder both processes see for the weights of each sync; empty = a new one under /dev/shm."""
+    vllm_sync_channel: Literal["dist", "files"] = "dist"
+    """Server mode: how each sync reaches the server. dist = trainer rank 0 broadcasts the weights over a
+    torch.distributed group of its own with the server (gloo on CPU, nccl on GPU); files = a safetensors file in
+    rollout.vllm_sync_dir, reloaded by the server (docs/distributed.md, "vLLM weight sync")."""
+    vllm_sync_bucket_mb: float = 256.0
+    """Most MiB of weights per transfer of a sync (one vLLM load call; one broadcast in server mode): bounds the extra
+    memory a sync needs on both sides."""
     vllm_dtype: Dtype = "auto"
     """Weights dtype inside vLLM (colocated): auto = bfloat16 under mixed precision, else the policy's own dtype."""
     vllm_max_model_len: int = 0

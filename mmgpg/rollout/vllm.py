@@ -43,6 +43,7 @@ from mmgpg.models.logprobs import completion_mask, pad_completions
 from mmgpg.rollout.check import check_limits
 from mmgpg.rollout.engine import Sampling, request_seed
 from mmgpg.rollout.vllm_core import CoreSettings, Request
+from mmgpg.utils import no_transformers_bars, quiet_deepspeed_import
 
 if TYPE_CHECKING:
     from mmgpg.config import Config
@@ -75,7 +76,8 @@ class VLLMEngine:
                                          autocast=mixed)
         prompt_len = policy.max_prompt_length or m.max_prompt_length
         self.max_model_len = r.vllm_max_model_len or prompt_len + r.max_new_tokens
-        vocab = policy.model.get_output_embeddings().weight.shape[0]
+        head = policy.model.get_output_embeddings().weight
+        vocab = getattr(head, "ds_shape", head.shape)[0]  # ZeRO-3: the parameter itself is an empty placeholder
         suppressed = set(policy.suppressed_token_ids)
         # None: nothing suppressed (a text policy), so vLLM needs no mask over the vocabulary
         self.allowed = [i for i in range(vocab) if i not in suppressed] if suppressed else None
@@ -85,12 +87,15 @@ class VLLMEngine:
         if r.vllm_server:
             from mmgpg.rollout.vllm_server import ServerClient
 
-            self.core = ServerClient(r.vllm_server, timeout=r.vllm_server_timeout, sync_dir=r.vllm_sync_dir)
+            self.core = ServerClient(r.vllm_server, timeout=r.vllm_server_timeout, sync_dir=r.vllm_sync_dir,
+                                     channel=r.vllm_sync_channel)
+            self.dtype = self.core.dtype  # what the server holds: every sync is cast to it (not fp32 master weights)
+            self.weights_dtype = getattr(torch, self.dtype)
             self.core.check_compatible(vocab_size=vocab, max_model_len=self.max_model_len, min_pixels=pixels[0],
                                        max_pixels=pixels[1])
             # the server may have started from other weights: build_engine syncs the policy's before the first use
         else:
-            from mmgpg.rollout.vllm_core import INSTALL_HINT, VLLMCore, import_vllm
+            from mmgpg.rollout.vllm_core import INSTALL_HINT, import_vllm
             from mmgpg.typed import ConfigError, Problem
 
             try:
@@ -101,15 +106,19 @@ class VLLMEngine:
             self._tmp = Path(tempfile.mkdtemp(prefix="mmgpg_vllm_"))
             # vLLM reads the processor from this folder during the run; it goes with the engine or at exit
             self._cleanup = weakref.finalize(self, shutil.rmtree, str(self._tmp), True)
-            from mmgpg.models.save import save_policy
-
-            save_policy(policy, self._tmp)  # vLLM starts from exactly the policy's (merged) weights and processor
-            self.core = VLLMCore(CoreSettings(
+            with no_transformers_bars(), quiet_deepspeed_import():
+                policy.model.config.save_pretrained(self._tmp)
+                policy.processor.save_pretrained(self._tmp)
+            # vLLM itself starts at the first sync_weights (build_engine's), from these files plus the weights it
+            # is given: the backend's full_weights, gathered under ZeRO-3 (whose own tensors are placeholders).
+            self.core = None
+            self._settings = CoreSettings(
                 model=str(self._tmp), dtype=self.dtype, max_model_len=self.max_model_len, max_images=r.vllm_max_images,
                 multimodal=self.multimodal, **({"min_pixels": pixels[0], "max_pixels": pixels[1]}
                                                if self.multimodal else {}), seed=cfg.seed,
                 gpu_memory_utilization=r.vllm_gpu_memory_utilization, tensor_parallel_size=r.vllm_tensor_parallel_size,
-                sleep=r.vllm_sleep))
+                sleep=r.vllm_sleep)
+        self.synced = False  # not started (colocated) or another model's weights (server) until the first sync
 
     @staticmethod
     def _check_family(policy: Policy) -> None:
@@ -141,6 +150,10 @@ class VLLMEngine:
     # ---- generation -----------------------------------------------------------------------------------------------
 
     def generate(self, conversations: Sequence[list[dict]], group_size: int, sampling: Sampling) -> CompletionBatch:
+        if not self.synced:
+            raise RuntimeError("the vLLM engine has not received the policy's weights yet (colocated, vLLM starts "
+                               "with them): build it with mmgpg.rollout.build_engine, which syncs them, or call "
+                               "sync_weights first")
         policy = self.policy
         batch = policy.encode_prompts(conversations)  # the prompt-length guard; the update reuses this encoding
         lengths = batch.attention_mask.sum(-1).tolist()
@@ -182,16 +195,29 @@ class VLLMEngine:
     # ---- weights --------------------------------------------------------------------------------------------------
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load ``weights`` into vLLM (and reset its caches): in process when colocated, through the sync folder and
-        HTTP in server mode."""
-        self.core.reload(weights=weights)
+        """Load ``weights`` into vLLM in buckets of ``rollout.vllm_sync_bucket_mb`` (and reset its caches once): in
+        process when colocated; in server mode over the weight channel (``rollout.vllm_sync_channel``: a
+        torch.distributed broadcast from trainer rank 0, or a file in the sync folder)."""
+        bucket_bytes = int(self.rollout_cfg.vllm_sync_bucket_mb * 2**20)
+        if self.core is None:  # colocated, first sync: vLLM starts from a folder of these weights (one shard per bucket)
+            from mmgpg.rollout.vllm_core import VLLMCore, write_shards
+
+            write_shards(weights, self._tmp, bucket_bytes)
+            self.core = VLLMCore(self._settings)
+            for shard in self._tmp.glob("model-*.safetensors"):  # loaded; only the config and processor stay needed
+                shard.unlink()
+        else:
+            self.core.reload(weights=weights, bucket_bytes=bucket_bytes)
+        self.synced = True
 
     def sleep(self) -> None:
         """Free vLLM's GPU memory during the update (rollout.vllm_sleep; no-op on CPU and in server mode)."""
-        self.core.sleep()
+        if self.core is not None:
+            self.core.sleep()
 
     def close(self) -> None:
-        self.core.close()
+        if self.core is not None:
+            self.core.close()
         if self._tmp is not None:
             self._cleanup()
             self._tmp = None

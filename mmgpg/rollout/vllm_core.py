@@ -10,15 +10,23 @@ Facts this module relies on (vLLM 0.32, measured on CPU; docs/install.md, "vLLM"
 - ``generation_config="vllm"``: a checkpoint's ``generation_config.json`` cannot change sampling defaults.
 - CPU: ``enforce_eager=True`` and ``enable_chunked_prefill=False`` (seeded sampling with chunked prefill crashes:
   "CPU Generator does not use offset"), so ``max_num_batched_tokens >= max_model_len``.
-- Weight reload: ``collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` (in-process engine) and then
-  three cache resets; without ``reset_prefix_cache`` vLLM silently reuses KV blocks computed with the old weights,
-  without the scheduler's encoder-cache reset the next request fails ("Encoder cache miss") and wedges the engine.
+- Weight reload in buckets: vLLM's layerwise reload session (the one its own weight-transfer engines use:
+  ``initialize_layerwise_reload`` once, ``model.load_weights(chunk)`` per chunk, ``finalize_layerwise_reload`` once;
+  docs.vllm.ai "training/layerwise"). A layer whose weights are split over chunks (q/k/v of one fused ``qkv_proj``)
+  is buffered until it is complete, so a chunk may end anywhere. ``reload_weights(weights_iterator=chunk)`` per
+  chunk would NOT do: each call finalises the session, and a layer half-loaded at that point is processed with
+  uninitialised memory for its missing part. Then three cache resets, once: without ``reset_prefix_cache`` vLLM
+  silently reuses KV blocks computed with the old weights, without the scheduler's encoder-cache reset the next
+  request fails ("Encoder cache miss") and wedges the engine.
+- Start-up is from a folder (config, processor, weights): ``load_format="dummy"`` would not do, as it also
+  randomises persistent buffers that no checkpoint holds (Qwen2-VL's ``visual.input_norm``, the processor's
+  mean/std: measured 0.58 nats off after a full sync).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +62,115 @@ class CoreSettings:
     max_num_seqs: int = 256
     cpu_kv_cache_gb: int = 1  # CPU: VLLM_CPU_KVCACHE_SPACE when that variable is not set
     sleep: bool = False
+
+
+def write_shards(weights: Iterable[tuple[str, Any]], directory, max_bytes: int) -> int:
+    """``weights`` as Hugging Face safetensors shards in ``directory`` (``model-00001.safetensors``, ... and
+    ``model.safetensors.index.json``), one :func:`buckets` bucket per shard, so at most ``max_bytes`` are held at a
+    time. Returns the number of shards."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    directory, weight_map, total, n = Path(directory), {}, 0, 0
+    for n, bucket in enumerate(buckets(weights, max_bytes), 1):
+        name = f"model-{n:05d}.safetensors"
+        save_file({k: v.contiguous() for k, v in bucket}, str(directory / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys((k for k, _ in bucket), name))
+        total += sum(v.numel() * v.element_size() for _, v in bucket)
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    return n
+
+
+def buckets(weights: Iterable[tuple[str, Any]], max_bytes: int) -> Iterator[list[tuple[str, Any]]]:
+    """``weights`` cut into consecutive lists of at most ``max_bytes`` bytes each (``Σ numel·element_size``); a tensor
+    larger than ``max_bytes`` is a bucket of its own. Lazy: one bucket is held at a time, and the source (e.g.
+    ZeRO-3's gather, one module at a time) is pulled only as far as the bucket needs.
+
+    >>> import torch
+    >>> [[n for n, _ in b] for b in buckets([("a", torch.zeros(2)), ("b", torch.zeros(2)), ("c", torch.zeros(4))], 16)]
+    [['a', 'b'], ['c']]
+    """
+    if max_bytes < 1:
+        raise ValueError(f"a sync bucket must hold at least one byte (got {max_bytes}); set "
+                         "rollout.vllm_sync_bucket_mb to 1 or more")
+    bucket, size = [], 0
+    for name, tensor in weights:
+        n = tensor.numel() * tensor.element_size()
+        if bucket and size + n > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += n
+    if bucket:
+        yield bucket
+
+
+# ---- functions run on vLLM's worker(s) by collective_rpc (the worker is their first argument) ----------------------
+
+
+def _worker_start_update(worker) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        initialize_layerwise_reload(worker.get_model())
+
+
+def _worker_load(worker, chunk: list) -> list[str]:
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(worker.vllm_config):
+        return sorted(worker.get_model().load_weights(chunk) or ())
+
+
+def _worker_finish_update(worker) -> list[str]:
+    """Close the layerwise session; returns the names of vLLM's parameters (what a complete sync must have loaded)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+    with set_current_vllm_config(worker.vllm_config):
+        model = worker.get_model()
+        finalize_layerwise_reload(model, worker.vllm_config.model_config)
+        return [name for name, _ in model.named_parameters()]
+
+
+class WeightUpdate:
+    """One bucketed weight update of a :class:`VLLMCore`: :meth:`load` per bucket, then :meth:`finish` once (the
+    caches are reset there). Raises at :meth:`finish` when some vLLM parameter received nothing (a bucket was lost)."""
+
+    def __init__(self, core: VLLMCore):
+        self.core, self.loaded, self.buckets, self.bytes = core, set(), 0, 0
+        core.wake()
+        core.llm.collective_rpc(_worker_start_update)
+
+    def load(self, chunk: list[tuple[str, Any]]) -> None:
+        for names in self.core.llm.collective_rpc(_worker_load, args=(chunk,)):
+            self.loaded.update(names)
+        self.buckets += 1
+        self.bytes += sum(t.numel() * t.element_size() for _, t in chunk)
+
+    def abort(self) -> None:
+        """Close the session after a failure (the layers that got nothing keep their previous values) and reset the
+        caches, so the engine stays usable; the check after the next sync sees whatever is stale."""
+        self.core.llm.collective_rpc(_worker_finish_update)
+        self.core.reset_caches()
+
+    def finish(self) -> dict[str, float]:
+        expected = set()
+        for names in self.core.llm.collective_rpc(_worker_finish_update):
+            expected.update(names)
+        self.core.reset_caches()
+        missing = sorted(expected - self.loaded)
+        if missing:
+            raise RuntimeError(
+                f"the weight sync left {len(missing)} of vLLM's {len(expected)} parameters without new values (e.g. "
+                f"{', '.join(missing[:3])}): part of the weights never arrived (a bucket was lost or the trainer sent "
+                "another model's names). vLLM keeps generating with the old values for them; restart from the last "
+                "checkpoint (train.resume=true).")
+        return {"buckets": self.buckets, "bytes": self.bytes}
 
 
 @dataclass
@@ -135,14 +252,21 @@ class VLLMCore:
             results.append(Result(list(out.prompt_token_ids), ids, lps))
         return results
 
-    def reload(self, *, weights: Iterable[tuple[str, Any]]) -> None:
-        """Load new weights (``(Hugging Face name, tensor)`` pairs), then drop every cache computed with the old ones.
+    def reload(self, *, weights: Iterable[tuple[str, Any]], bucket_bytes: int = 256 << 20) -> dict[str, float]:
+        """Load new weights (``(Hugging Face name, tensor)`` pairs) in buckets of at most ``bucket_bytes`` per
+        ``collective_rpc`` call (:func:`buckets`), then drop every cache computed with the old ones, once. Returns
+        ``{"buckets", "bytes"}``.
 
         (``reload_weights(weights_path=DIR)`` is not used: it also points the model config at DIR, and the next
         multimodal request then fails to load the image processor from there.)"""
-        self.wake()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights)})
-        self.reset_caches()
+        update = WeightUpdate(self)
+        try:
+            for chunk in buckets(weights, bucket_bytes):
+                update.load(chunk)
+        except BaseException:
+            update.abort()
+            raise
+        return update.finish()
 
     def reset_caches(self) -> None:
         if self.llm.reset_prefix_cache() is False:

@@ -9,10 +9,12 @@ It serves a vision-language model or a text-only one (``--model`` of either; the
 ``multimodal``), as the colocated engine does.
 
 Endpoints: ``GET /health`` (200 with the engine's settings once the model is loaded); ``POST /generate`` (rendered
-prompts, PNG images (none for a text model), sampling knobs → prompt ids, completion ids, log-probs); ``POST /reload`` (load
-``model.safetensors`` from a folder both processes see, then reset vLLM's caches); ``POST /shutdown``. SIGTERM and
-Ctrl-C stop it too. Weight sync on CPU goes through files: the trainer writes ``model.safetensors`` to
-``rollout.vllm_sync_dir`` (default a folder under /dev/shm, i.e. memory) and asks the server to reload it.
+prompts, PNG images (none for a text model), sampling knobs → prompt ids, completion ids, log-probs); the weight
+channel ``POST /init_channel``, ``/update``, ``/update_done`` (:mod:`mmgpg.rollout.vllm_channel`: the weights
+themselves travel over a torch.distributed group of the trainer's rank 0 and this server); ``POST /reload`` (the
+file channel: load ``model.safetensors`` from a folder both processes see, ``rollout.vllm_sync_channel=files``);
+``POST /shutdown``. SIGTERM and Ctrl-C stop it too. Both channels load in buckets and reset vLLM's caches once per
+sync. Every sync is in the server's ``--dtype`` (the trainer casts before sending).
 """
 
 from __future__ import annotations
@@ -58,20 +60,38 @@ def _unpng(data: str):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-class ServerClient:
-    """Talks to ``mmgpg vllm-serve`` at ``url``; same methods as :class:`VLLMCore` (generate, reload, sleep, close)."""
+CHANNELS = ("dist", "files")
 
-    def __init__(self, url: str, *, timeout: float = 600.0, sync_dir: str = ""):
+
+def _rank() -> int:
+    import torch
+
+    return torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+
+
+class ServerClient:
+    """Talks to ``mmgpg vllm-serve`` at ``url``; same methods as :class:`VLLMCore` (generate, reload, sleep, close).
+    ``channel``: how :meth:`reload` sends the weights (``dist``: a torch.distributed broadcast from trainer rank 0,
+    opened at the first sync; ``files``: a safetensors file in ``sync_dir``)."""
+
+    def __init__(self, url: str, *, timeout: float = 600.0, sync_dir: str = "", channel: str = "dist"):
         self.url, self.timeout = url.rstrip("/"), float(timeout)
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"rollout.vllm_server={url!r} is not an http:// URL; give e.g. http://127.0.0.1:8765")
+        if channel not in CHANNELS:
+            raise ValueError(f"rollout.vllm_sync_channel={channel!r} is not a weight channel; use dist "
+                             "(torch.distributed, no files) or files (a safetensors file in rollout.vllm_sync_dir)")
+        self.channel = channel
         self.info = self._wait_healthy()
-        self._own_sync_dir = not sync_dir
-        base = "/dev/shm" if Path("/dev/shm").is_dir() else None
-        self.sync_dir = Path(sync_dir) if sync_dir else Path(tempfile.mkdtemp(prefix="mmgpg_vllm_sync_", dir=base))
-        self.sync_dir.mkdir(parents=True, exist_ok=True)
-        # a folder of our own goes with the client or at exit (it holds a full copy of the weights, in memory)
-        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.sync_dir), True) if self._own_sync_dir else None
+        self.dtype = str(self.info.get("dtype", "float32"))
+        self._end = None  # the channel's trainer end (rank 0 only, opened at the first dist sync)
+        self.sync_dir, self._cleanup = None, None
+        if channel == "files":
+            base = "/dev/shm" if Path("/dev/shm").is_dir() else None
+            self.sync_dir = Path(sync_dir) if sync_dir else Path(tempfile.mkdtemp(prefix="mmgpg_vllm_sync_", dir=base))
+            self.sync_dir.mkdir(parents=True, exist_ok=True)
+            # a folder of our own goes with the client or at exit (it holds a full copy of the weights, in memory)
+            self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.sync_dir), True) if not sync_dir else None
 
     def _wait_healthy(self) -> dict:
         deadline, last = time.monotonic() + self.timeout, None
@@ -141,15 +161,78 @@ class ServerClient:
         out = self._post("/generate", body)["results"]
         return [Result(r["prompt_token_ids"], r["token_ids"], r["logprobs"]) for r in out]
 
-    def reload(self, *, weights) -> None:
-        """Write ``weights`` (name → tensor pairs) as ``model.safetensors`` into the sync folder (a temporary name,
-        then a rename: the server never reads half a file) and ask the server to load it."""
+    def reload(self, *, weights, bucket_bytes: int = 256 << 20) -> dict:
+        """Send ``weights`` (name → tensor pairs) to the server in its dtype. Trainer rank 0 sends; every other rank
+        only iterates them (the source may be collective, e.g. ZeRO-3's gather) and all ranks meet at a barrier
+        after the server has loaded them. Returns the server's ``{"buckets", "bytes", "seconds"}`` (rank 0)."""
+        import torch
+
+        from mmgpg import distributed
+
+        dtype = getattr(torch, self.dtype)
+        weights = ((k, v.to(dtype) if v.is_floating_point() and v.dtype != dtype else v) for k, v in weights)
+        out: dict = {}
+        if _rank() != 0:
+            for _ in weights:
+                pass
+        elif self.channel == "files":
+            out = self._reload_files(weights, bucket_bytes)
+        else:
+            out = self._reload_dist(weights, bucket_bytes)
+        distributed.barrier()
+        return out
+
+    def _reload_files(self, weights, bucket_bytes: int) -> dict:
+        """Write ``model.safetensors`` into the sync folder (a temporary name, then a rename: the server never reads
+        half a file) and ask the server to load it (in buckets of ``bucket_bytes``)."""
         from safetensors.torch import save_file
 
         tmp = self.sync_dir / "model.safetensors.tmp"
         save_file({k: v.contiguous() for k, v in weights}, str(tmp))
         os.replace(tmp, self.sync_dir / "model.safetensors")
-        self._post("/reload", {"path": str(self.sync_dir)})
+        return self._post("/reload", {"path": str(self.sync_dir), "bucket_bytes": bucket_bytes})
+
+    def _open_channel(self) -> None:
+        """Open the store, ask the server to join (POST /init_channel), build the group of two."""
+        import socket
+        import urllib.parse
+
+        from mmgpg.rollout.vllm_channel import TrainerEnd
+
+        host = urllib.parse.urlsplit(self.url).hostname or "127.0.0.1"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((host, 9))  # no packet is sent: it only picks the local address that reaches the server
+            local = sock.getsockname()[0]
+        end = TrainerEnd(local, self.timeout)
+        self._post("/init_channel", {"host": local, "port": end.port, "timeout_s": self.timeout})
+        try:
+            end.connect()
+        except Exception as err:  # noqa: BLE001 - gloo's rendezvous error, said in terms of the run
+            raise VLLMServerError(
+                f"the vLLM server at {self.url} accepted the weight channel but did not join it at {local}:{end.port} "
+                f"within {self.timeout:g} s ({type(err).__name__}: {str(err)[:200]}): a firewall between the two, or "
+                "the server died (see its log). Use rollout.vllm_sync_channel=files where no such connection can be "
+                "made.") from None
+        self._end = end
+
+    def _reload_dist(self, weights, bucket_bytes: int) -> dict:
+        from mmgpg.rollout.vllm_channel import pack
+        from mmgpg.rollout.vllm_core import buckets
+
+        if self._end is None:
+            self._open_channel()
+        for chunk in buckets(weights, bucket_bytes):
+            desc, flat = pack(chunk)
+            self._post("/update", {"tensors": desc, "nbytes": int(flat.numel())})
+            try:
+                self._end.send(flat)
+            except Exception as err:  # noqa: BLE001 - gloo's error (peer gone, timeout), said in terms of the run
+                self._end = None
+                raise VLLMServerError(
+                    f"sending weights to the vLLM server at {self.url} failed ({type(err).__name__}: "
+                    f"{str(err)[:200]}): the server died or stopped receiving within rollout.vllm_server_timeout="
+                    f"{self.timeout:g} s. See its log, restart it, and continue the run with train.resume=true.") from None
+        return self._post("/update_done", {})
 
     def sleep(self) -> None:
         """Nothing: the server's memory is its own."""
@@ -158,6 +241,9 @@ class ServerClient:
         self._post("/shutdown", {})
 
     def close(self) -> None:
+        if self._end is not None:
+            self._end.close()
+            self._end = None
         if self._cleanup is not None:
             self._cleanup()
 
@@ -167,7 +253,24 @@ class ServerClient:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+class _Channel:
+    """The server's end of the weight channel and the sync in progress (one trainer at a time)."""
+
+    def __init__(self):
+        self.end = None  # vllm_channel.ServerEnd once a trainer has connected
+        self.update = None  # vllm_core.WeightUpdate between the first /update of a sync and /update_done
+        self.error: str | None = None  # a failure after the reply of /init_channel or /update, told at the next call
+        self.t0 = 0.0
+
+
+NO_CHANNEL = ("this server has no weight channel open: it was started (or restarted) after the trainer connected, "
+              "so it holds its --model's weights, not the policy's. Restart the training run from its last checkpoint "
+              "(train.resume=true); it opens a new channel.")
+
+
 def _handler(core, info: dict, lock: threading.Lock, stop):
+    chan = _Channel()
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt, *args):  # one line per request on stderr, without the default's noise
             sys.stderr.write(f"vllm-serve: {self.command} {self.path} {args[1] if len(args) > 1 else ''}\n")
@@ -184,7 +287,8 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
             if self.path == "/health":
                 self._reply(200, info)
             else:
-                self._reply(404, {"error": f"no endpoint {self.path}; GET /health, POST /generate|/reload|/shutdown"})
+                self._reply(404, {"error": f"no endpoint {self.path}; GET /health, POST /generate|/init_channel|"
+                                           "/update|/update_done|/reload|/shutdown"})
 
         def do_POST(self):
             try:
@@ -193,6 +297,9 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
                 return self._reply(400, {"error": f"the body is not JSON: {err}"})
             try:
                 if self.path == "/generate":
+                    if chan.update is not None:
+                        return self._reply(409, {"error": "a weight sync is in progress (/update without its "
+                                                          "/update_done): half the model holds new weights"})
                     reqs = [Request(r["text"], [_unpng(x) for x in r["images"]], int(r["n"]), r["seed"])
                             for r in body["requests"]]
                     with lock:
@@ -201,12 +308,18 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
                     return self._reply(200, {"results": [r.__dict__ for r in results]})
                 if self.path == "/reload":
                     t0 = time.perf_counter()
-                    from safetensors.torch import load_file
+                    from safetensors import safe_open
 
-                    weights = load_file(str(Path(body["path"]) / "model.safetensors"))
-                    with lock:
-                        core.reload(weights=weights.items())
-                    return self._reply(200, {"seconds": time.perf_counter() - t0})
+                    with safe_open(str(Path(body["path"]) / "model.safetensors"), "pt") as f, lock:
+                        out = core.reload(weights=((k, f.get_tensor(k)) for k in f.keys()),
+                                          bucket_bytes=int(body.get("bucket_bytes", 256 << 20)))
+                    return self._reply(200, {**out, "seconds": time.perf_counter() - t0})
+                if self.path == "/init_channel":
+                    return self._init_channel(body)
+                if self.path == "/update":
+                    return self._update(body)
+                if self.path == "/update_done":
+                    return self._update_done()
                 if self.path == "/shutdown":
                     self._reply(200, {"status": "shutting down"})
                     return stop()
@@ -216,6 +329,77 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
                 bad = isinstance(err, (KeyError, TypeError, ValueError)) or type(err).__name__.endswith("ValidationError")
                 sys.stderr.write(f"vllm-serve: {self.path} failed: {type(err).__name__}: {err}\n")
                 return self._reply(400 if bad else 500, {"error": f"{type(err).__name__}: {err}"})
+
+        # ---- the weight channel (vllm_channel): replies come before the blocking part (the join, the receive), which
+        # the trainer can only complete after reading the reply; a failure there is told at the next call
+
+        def _init_channel(self, body: dict) -> None:
+            from mmgpg.rollout.vllm_channel import ServerEnd
+
+            host, port, timeout = str(body["host"]), int(body["port"]), float(body["timeout_s"])
+            with lock:
+                if chan.update is not None:
+                    chan.update.abort()
+                    chan.update = None
+                chan.end, chan.error = None, None
+                self._reply(200, {"status": "joining"})
+                try:
+                    chan.end = ServerEnd(host, port, timeout)
+                except Exception as err:  # noqa: BLE001
+                    chan.error = f"joining the trainer's weight channel at {host}:{port} failed: {err}"
+                    sys.stderr.write(f"vllm-serve: {chan.error}\n")
+
+        def _update(self, body: dict) -> None:
+            from mmgpg.rollout.vllm_channel import nbytes, unpack
+            from mmgpg.rollout.vllm_core import WeightUpdate
+
+            desc, size = body["tensors"], int(body["nbytes"])
+            if nbytes(desc) != size:
+                return self._reply(400, {"error": f"the bucket's tensors need {nbytes(desc)} bytes, not {size}"})
+            with lock:
+                if chan.error is not None:
+                    message, chan.error = chan.error, None
+                    if chan.update is not None:
+                        chan.update.abort()
+                        chan.update = None
+                    return self._reply(500, {"error": message})
+                if chan.end is None:
+                    return self._reply(409, {"error": NO_CHANNEL})
+                if chan.update is None:
+                    chan.t0 = time.perf_counter()
+                    chan.update = WeightUpdate(core)
+                self._reply(200, {"status": "receiving"})
+                try:
+                    flat = chan.end.receive(size)
+                except Exception as err:  # noqa: BLE001 - the trainer died or stopped sending: the channel is gone
+                    chan.error, chan.end = f"receiving a bucket of {size} bytes failed: {err}", None
+                    sys.stderr.write(f"vllm-serve: {chan.error}\n")
+                    chan.update.abort()
+                    chan.update = None
+                    return
+                try:
+                    chan.update.load(unpack(desc, flat))
+                except Exception as err:  # noqa: BLE001
+                    chan.error = f"loading a bucket into vLLM failed: {type(err).__name__}: {err}"
+                    sys.stderr.write(f"vllm-serve: {chan.error}\n")
+
+        def _update_done(self) -> None:
+            with lock:
+                update, chan.update = chan.update, None
+                if chan.error is not None:
+                    message, chan.error = chan.error, None
+                    if update is not None:
+                        update.abort()
+                    return self._reply(500, {"error": message})
+                if chan.end is None:
+                    return self._reply(409, {"error": NO_CHANNEL})
+                if update is None:
+                    return self._reply(400, {"error": "/update_done without an /update before it: no sync to finish"})
+                try:
+                    out = update.finish()
+                except RuntimeError as err:
+                    return self._reply(500, {"error": str(err)})
+                return self._reply(200, {**out, "seconds": time.perf_counter() - chan.t0})
 
     return Handler
 

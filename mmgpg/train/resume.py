@@ -34,7 +34,8 @@ RUN_CONTROL = frozenset({
     "train.status_every_s", "train.tensorboard", "train.wandb", "train.wandb_project", "train.eval_every",
     "train.eval_limit",
     "train.eval_samples", "train.eval_split", "train.probe_every", "train.probe_samples", "train.probe_limit",
-    "output_dir", "device", "rollout.vllm_server_timeout", "rollout.vllm_sync_dir",
+    "output_dir", "device", "rollout.vllm_server_timeout", "rollout.vllm_sync_dir", "rollout.vllm_sync_channel",
+    "rollout.vllm_sync_bucket_mb",
 })
 """Keys that change how a run is driven and logged, not what it computes: they may differ on resume. Also
 ``rollout.vllm_server`` when it only moves (:func:`_moved_server`: a server restarted on another host or port);
@@ -109,7 +110,7 @@ UNUSED_BY = {"train": (("sft.",), ()),
              "sft": (("algo.", "train."), ("train.split", "train.backend", "train.eval_split", "train.eval_limit"))}
 SFT_RUN_CONTROL = frozenset({"sft.save_every", "sft.eval_every", "train.keep_last", "train.eval_limit",
                              "train.eval_split", "output_dir", "device", "rollout.vllm_server_timeout",
-                             "rollout.vllm_sync_dir"})
+                             "rollout.vllm_sync_dir", "rollout.vllm_sync_channel", "rollout.vllm_sync_bucket_mb"})
 
 
 def config_changes(old_tree: dict, new_tree: dict, command: str = "train") -> dict[str, tuple[Any, Any]]:

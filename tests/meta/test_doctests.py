@@ -31,3 +31,12 @@ def test_post_sync_check_doctests():
 
     result = doctest.testmod(mmgpg.rollout.check)
     assert result.attempted >= 5 and result.failed == 0
+
+
+def test_vllm_channel_and_bucket_doctests():
+    import mmgpg.rollout.vllm_channel
+    import mmgpg.rollout.vllm_core
+
+    for module, least in ((mmgpg.rollout.vllm_channel, 3), (mmgpg.rollout.vllm_core, 2)):
+        result = doctest.testmod(module)
+        assert result.attempted >= least and result.failed == 0, module.__name__

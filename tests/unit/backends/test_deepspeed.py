@@ -114,7 +114,10 @@ def _full_weights_worker(rank: int, world: int, init_file: str, model_dir: str, 
     ds_init(rank, world, init_file)
     try:
         trainer = make_trainer(model_dir, f"{out}/ds", "gpg", "train.backend=deepspeed", f"train.zero_stage={stage}")
-        weights = dict(trainer.backend.full_weights(torch.bfloat16))  # collective under ZeRO-3: every rank iterates
+        # collective under ZeRO-3: every rank iterates. Each yielded copy is released once used, as a bucketed vLLM
+        # sync releases it, so the allocator may hand its address to the next gathered copy: that must not make the
+        # next tensor look like a tied one and vanish.
+        weights = {name: t.clone() for name, t in trainer.backend.full_weights(torch.bfloat16)}
         torch.save(weights, f"{out}/weights{rank}.pt")
     finally:
         dist.destroy_process_group()
