@@ -111,22 +111,25 @@ def collate_groups(policy: Policy, task, groups: Sequence[Group], group_size: in
     return CompletionBatch(batch, group_size, ids, mask, sampled_logprobs=sampled)
 
 
-def padded_length(group: Group) -> int:
-    """The row length a micro-batch pads ``group``'s rows to at least: its prompt's tokens (0 when the rollout kept
-    no encoding) plus its longest completion."""
+def padded_length(group: Group) -> tuple[int, int]:
+    """``(longest completion, prompt tokens)`` of ``group`` (prompt 0 when the rollout kept no encoding): what a
+    micro-batch pads its rows to at least. Prompts are left-padded and completions right-padded separately, so a
+    micro-batch's width is its longest prompt plus its longest completion."""
     prompt = int(group.prompts.attention_mask[group.prompt_index].sum()) if group.prompts is not None else 0
-    return prompt + max([0, *(len(c) for c in group.completion_ids)])
+    return max([0, *(len(c) for c in group.completion_ids)]), prompt
 
 
 def length_ordered(groups: Sequence[Group]) -> list[Group]:
-    """``groups`` longest first by :func:`padded_length` (a stable sort: ties keep their order), so that the groups
-    of one micro-batch have similar lengths and each micro-batch is padded only to its own longest row. The update's
-    sums have global denominators, so the order of the micro-batches does not change the gradient (beyond float
-    rounding); longest first also puts the step's peak memory into its first micro-batch.
+    """``groups`` longest first by :func:`padded_length` (longest completion, then prompt; a stable sort), so that
+    the groups of one micro-batch have similar lengths and each micro-batch is padded only to its own longest row.
+    The update's sums have global denominators, so the order of the micro-batches does not change the gradient
+    (beyond float rounding); longest first also puts the step's peak memory into its first micro-batch. (The key
+    is the completion first: sorting by prompt + completion pairs a long prompt with a long completion less often
+    but pads more on average, 0.361 vs 0.341 padding over 10 seeds of bench/padding.py's length mix.)
 
     >>> class G:  # the two fields padded_length reads
     ...     def __init__(self, n): self.prompts, self.completion_ids = None, [[1] * n]
-    >>> [padded_length(g) for g in length_ordered([G(3), G(9), G(1), G(9)])]
+    >>> [padded_length(g)[0] for g in length_ordered([G(3), G(9), G(1), G(9)])]
     [9, 9, 3, 1]
     """
     return sorted(groups, key=padded_length, reverse=True)
