@@ -73,14 +73,16 @@ def write_shards(weights: Iterable[tuple[str, Any]], directory, max_bytes: int) 
 
     from safetensors.torch import save_file
 
+    from mmgpg.jsonl import write_text_atomic
+
     directory, weight_map, total, n = Path(directory), {}, 0, 0
     for n, bucket in enumerate(buckets(weights, max_bytes), 1):
         name = f"model-{n:05d}.safetensors"
         save_file({k: v.contiguous() for k, v in bucket}, str(directory / name), metadata={"format": "pt"})
         weight_map.update(dict.fromkeys((k for k, _ in bucket), name))
         total += sum(v.numel() * v.element_size() for _, v in bucket)
-    (directory / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    write_text_atomic(directory / "model.safetensors.index.json",
+                      json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
     return n
 
 
