@@ -62,9 +62,10 @@ def pack_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_id
     ([[7, 8, 5, 6, 7, 8, 4, 9, 9, 9, 3, 3, 9, 9, 9, 2]], [[0, 1, 2, 3, 0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3]], [1, 2, 5, 9, 10, 14])
     """
     lengths = completion_mask.sum(1)
-    if not bool((completion_mask == (torch.arange(completion_mask.shape[1]) < lengths[:, None]).to(completion_mask.device)).all()):
+    prefix = torch.arange(completion_mask.shape[1], device=completion_mask.device) < lengths[:, None]
+    if not bool((completion_mask == prefix).all()):
         raise ValueError("packed scoring needs right-padded completions (real tokens first, then padding)")
-    ids, scored, offset = [], [], 0
+    ids, pos, scored, offset = [], [], [], 0
     for r in range(completion_ids.shape[0]):
         p = r // group_size
         prompt = prompt_ids[p][prompt_mask[p].bool()]
@@ -72,11 +73,11 @@ def pack_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_id
             raise ValueError(f"prompt {p} is empty: its first completion token has no position to be predicted from")
         n = int(lengths[r])
         ids += [prompt, completion_ids[r, :n]]
-        scored.append(torch.arange(offset + len(prompt) - 1, offset + len(prompt) - 1 + n))
+        pos.append(torch.arange(len(prompt) + n))
+        scored.append(torch.arange(n) + offset + len(prompt) - 1)
         offset += len(prompt) + n
-    lengths_all = [len(x) for x in ids]
-    positions_ = torch.cat([torch.arange(a + b) for a, b in zip(lengths_all[::2], lengths_all[1::2])])
-    return torch.cat(ids)[None], positions_[None].to(prompt_ids.device), torch.cat(scored).to(prompt_ids.device)
+    device = prompt_ids.device
+    return torch.cat(ids)[None], torch.cat(pos)[None].to(device), torch.cat(scored).to(device)
 
 
 class TextPolicy(PolicyBase):

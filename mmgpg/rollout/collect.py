@@ -138,7 +138,7 @@ def length_ordered(groups: Sequence[Group]) -> list[Group]:
 def padding_counts(batch: CompletionBatch, *, packed: bool = False) -> tuple[int, int]:
     """``(computed, padding)`` token positions of one forward over ``batch``: rows × (prompt width + completion
     width) are computed, of which ``padding`` are pad positions (prompt rows are repeated ``group_size`` times, as the
-    forward repeats them). A packed forward (:attr:`Policy.packs_sequences`) computes the real tokens only.
+    forward repeats them). A packed forward (``model.packed_sequences``, :func:`packs`) computes the real tokens only.
 
     >>> from mmgpg.models.batch import PromptBatch
     >>> p = PromptBatch(torch.zeros(1, 4, dtype=torch.long), torch.tensor([[0, 1, 1, 1]]), torch.zeros(1, 4), None, None, [0], [''])
