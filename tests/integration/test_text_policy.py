@@ -27,7 +27,7 @@ def rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("algo", ["gpg", "grpo"])
+@pytest.mark.parametrize("algo", ["gpg", pytest.param("grpo", marks=pytest.mark.slow)])  # GRPO on text: --runslow
 def test_train_two_steps_then_evaluate_the_checkpoint(tmp_path, algo):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -41,9 +41,9 @@ BACKENDS = {"plain": ["train.backend=plain"], "zero2": ["train.backend=deepspeed
 ADAPTERS = {"full": ["model.lora.rank=0"], "lora": ["model.lora.rank=4"]}
 CELLS = [f"{b}-{a}-{g}" for b in BACKENDS for a in ADAPTERS for g in ("gpg", "grpo")]
 """The vLLM rows of docs/distributed.md's combination table name these ids (``<backend>-<adapter>-<algo>``)."""
-IN_CI = {"zero3-full-grpo", "zero3-lora-gpg", "zero2-full-gpg"}
-"""The cells CI runs: ZeRO-3's gathered sync with a partitioned reference beside it, LoRA merged under ZeRO-3, and
-ZeRO-2 (each 2-rank launch with two vLLM engines costs about a minute on 2 CPU cores)."""
+IN_CI = {"zero3-full-grpo", "zero3-lora-gpg"}
+"""The cells CI runs: ZeRO-3's gathered sync with a partitioned reference beside it and LoRA merged under ZeRO-3
+(each 2-rank launch with two vLLM engines costs about a minute on 2 CPU cores; the others run with ``--runslow``)."""
 
 
 def _steps(run) -> list[dict]:

@@ -207,7 +207,8 @@ def test_mmgpg_train_under_torchrun(tmp_path):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("sampling", [[], ["--samples", "3", "--temperature", "1.0"]], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("sampling", [pytest.param([], marks=pytest.mark.slow), ["--samples", "3", "--temperature", "1.0"]],
+                         ids=["greedy", "sampled"])  # greedy (the simpler path): --runslow
 def test_mmgpg_eval_under_torchrun_equals_one_process(tmp_path, sampling):
     """`mmgpg eval` under torchrun splits the items' batches over the ranks and gathers the judgements: the same
     predictions.jsonl (same order, same outputs) and metrics as one process. Sampled (HF engine): each batch is
