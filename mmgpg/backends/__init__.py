@@ -92,6 +92,11 @@ class TrainingBackend(Protocol):
 
     def autocast(self) -> AbstractContextManager: ...
 
+    def loading(self) -> AbstractContextManager:
+        """Around loading the models this backend will own (the policy, a LoRA adapter on it, GRPO's reference):
+        ZeRO-3 creates each parameter already partitioned, so no rank ever holds a full copy; otherwise nothing."""
+        ...
+
     def prepare(self, model: torch.nn.Module, settings: OptimizerSettings) -> None:
         """Take ownership of ``model``'s trainable parameters: build the optimizer and the schedule."""
         ...

@@ -132,6 +132,30 @@ class DeepSpeedBackend:
         if hasattr(self.engine.optimizer, "clip_grad"):  # ZeRO-1/2/3 copied it at initialisation
             self.engine.optimizer.clip_grad = float(settings.max_grad_norm)
 
+    @contextlib.contextmanager
+    def loading(self):
+        """Under ZeRO-3, ``from_pretrained`` inside this block builds the model under ``deepspeed.zero.Init`` (the
+        path transformers takes while an ``HfDeepSpeedConfig`` of a stage-3 config is alive): each parameter is
+        partitioned as soon as its module is created, and the checkpoint's tensors are copied in one module at a time
+        (read by rank 0, gathered, re-partitioned). So no rank builds the whole model first, as it did when the full
+        model was loaded on every rank and :meth:`prepare` partitioned it afterwards. Below stage 3 nothing changes
+        (ZeRO-0/1/2 keep the full weights on every rank anyway). The config is cleared again at the end: transformers
+        would otherwise also switch ``generate`` to ``synced_gpus`` and change other calls outside this block."""
+        if self.zero_stage != 3:
+            yield
+            return
+        from transformers.integrations import deepspeed as hf_deepspeed
+
+        if hf_deepspeed.is_deepspeed_zero3_enabled():
+            raise RuntimeError("DeepSpeedBackend.loading() cannot nest: a DeepSpeed config is already set in "
+                               "transformers (another loading() block, or HfDeepSpeedConfig made by the caller)")
+        config = hf_deepspeed.HfDeepSpeedConfig(self.ds_config)  # transformers keeps only a weak reference: hold it
+        try:
+            yield
+        finally:
+            hf_deepspeed.unset_hf_deepspeed_config()
+            del config
+
     def partition_reference(self, model: torch.nn.Module) -> torch.nn.Module:
         """A frozen model (GRPO's reference) under ZeRO-3: partitioned like the policy, no optimizer state.
         Below stage 3 the model is returned as it is (a full copy per rank)."""

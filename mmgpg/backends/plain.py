@@ -110,6 +110,9 @@ class PlainBackend:
     def generation_context(self) -> AbstractContextManager:
         return contextlib.nullcontext()
 
+    def loading(self) -> AbstractContextManager:
+        return contextlib.nullcontext()  # every process holds the whole model anyway
+
     def partition_reference(self, model: torch.nn.Module) -> torch.nn.Module:
         return model  # a full copy per process, as the policy
 

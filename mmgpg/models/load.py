@@ -6,6 +6,7 @@ transformers asking on stdin whether to run it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -44,6 +45,25 @@ def resolve_model_path(name_or_path: str) -> str:
     return str(target)
 
 
+@contextlib.contextmanager
+def _zero3_construction_off():
+    """Suspend transformers' ZeRO-3 switch (an ``HfDeepSpeedConfig`` alive, e.g. inside ``DeepSpeedBackend.loading()``)
+    for the block. Building a tiny model is rank 0's work alone; under the switch its construction would run
+    ``deepspeed.zero.Init``, whose per-parameter broadcast the other ranks never join (a hang). transformers has no
+    public getter for the live config object, so its module-level weak reference is saved and restored."""
+    try:
+        from transformers.integrations import deepspeed as hf_deepspeed
+    except ImportError:  # transformers without its DeepSpeed integration: no switch to suspend
+        yield
+        return
+    saved = getattr(hf_deepspeed, "_hf_deepspeed_config_weak_ref", None)
+    hf_deepspeed._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
 def _build_tiny(target: Path, family: str) -> None:
     from mmgpg.models.tiny import build_and_save
 
@@ -52,7 +72,8 @@ def _build_tiny(target: Path, family: str) -> None:
 
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-        build_and_save(tmp, family=family)
+        with _zero3_construction_off():
+            build_and_save(tmp, family=family)
         try:
             tmp.rename(target)
         except OSError:  # built concurrently by another process: keep theirs
@@ -179,10 +200,31 @@ def load_policy(
         with no_transformers_bars(), quiet_deepspeed_import():
             model, loaded = no_remote_code(auto.from_pretrained, path, output_loading_info=True, **kwargs)
         check_loaded(name_or_path, loaded)
-        model = model.to(device)
+        if zero3_partitioned(model):  # ZeRO-3's partitions are already where DeepSpeed placed them
+            keep_used_weight_conversions(model)
+        else:
+            model = model.to(device)
     processor = no_remote_code(getattr(transformers, cls.auto_processor).from_pretrained, path)
     options = dict(min_pixels=min_pixels, max_pixels=max_pixels) if cls.takes_images else {}
     return cls(model, processor, max_prompt_length=max_prompt_length, **options)
+
+
+def zero3_partitioned(model: torch.nn.Module) -> bool:
+    """True when the model was built under ``deepspeed.zero.Init`` (its parameters carry DeepSpeed's ``ds_id``)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def keep_used_weight_conversions(model: torch.nn.Module) -> None:
+    """Keep only the checkpoint-key conversions that loading applied, as ``from_pretrained`` does outside ZeRO-3.
+
+    transformers (5.x) records the conversions that renamed the checkpoint's keys on the model, and ``save_pretrained``
+    reverses them to write the original key names. Its ZeRO-3 loading path records the model type's whole list, used
+    or not; reversing an unused prefix rule then writes ``model.model.layers...`` for a Qwen2-VL checkpoint's
+    ``model.layers...``, a ``policy/`` that no longer loads. Filtering on ``was_used()`` gives the list the ordinary
+    path keeps."""
+    conversions = getattr(model, "_weight_conversions", None)
+    if conversions:
+        model._weight_conversions = [c for c in conversions if not hasattr(c, "was_used") or c.was_used()]
 
 
 def check_loaded(name: str, loaded: dict) -> None:

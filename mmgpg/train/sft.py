@@ -64,8 +64,9 @@ class SFTTrainer:
             resume.check_config(cfg, checkpoint, self.run_dir, record=False, command="sft")
         self.step = 0
         seed_everything(cfg.seed)
-        self.policy = load_for_training(cfg.model, self.backend.device, self.backend.weights_dtype(cfg.model.dtype),
-                                             checkpoint)
+        with self.backend.loading():  # ZeRO-3: built partitioned, never a full copy per rank
+            self.policy = load_for_training(cfg.model, self.backend.device, self.backend.weights_dtype(cfg.model.dtype),
+                                            checkpoint)
         self.task = build_task(cfg.task.name, cfg.task.options)
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed)

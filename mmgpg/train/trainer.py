@@ -95,14 +95,16 @@ class Trainer:
         dtype = self.backend.weights_dtype(cfg.model.dtype)
         # Loading draws the same numbers on every rank (a fresh LoRA adapter's random A): every rank must start from
         # the same model, which the backends never broadcast. The ranks' own streams (sampling) continue afterwards.
-        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+        # ZeRO-3 (backend.loading): the policy and the reference are built partitioned, never a full copy per rank.
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), self.backend.loading():
             torch.manual_seed(cfg.seed)
             self.policy = load_for_training(cfg.model, self.device, dtype, checkpoint, policy=policy)
+        # LoRA: the reference is the policy itself with its adapter switched off (_fixed_logprobs); no second copy.
+        with self.backend.loading():
+            self.reference = None if cfg.algo.kl_coef == 0 else (
+                self.policy if lora.is_lora(self.policy) else self._load(cfg.model.name_or_path, dtype))
         check_packing(self.policy, cfg.model)
         self.packed = packs(self.policy, cfg.model)
-        # LoRA: the reference is the policy itself with its adapter switched off (_fixed_logprobs); no second copy.
-        self.reference = None if cfg.algo.kl_coef == 0 else (
-            self.policy if lora.is_lora(self.policy) else self._load(cfg.model.name_or_path, dtype))
         if self.reference is not None and self.reference is not self.policy:
             self.reference.model.eval().requires_grad_(False)
         model = self.policy.model
