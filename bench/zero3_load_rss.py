@@ -1,16 +1,18 @@
-"""Peak host RSS per rank while loading a policy for ZeRO-3 training: the full model on every rank then partitioned by
-``deepspeed.initialize`` (``--way full``, what mmgpg did before ``DeepSpeedBackend.loading()``), against building it
-partitioned under ``deepspeed.zero.Init`` (``--way partitioned``, ``backend.loading()``, what the trainer does now).
+"""Peak host RSS per rank while loading a policy for ZeRO-3 training, both ways side by side in one run: ``full``, the
+whole model on every rank then partitioned by ``deepspeed.initialize`` (what mmgpg did before
+``DeepSpeedBackend.loading()``), and ``partitioned``, built under ``deepspeed.zero.Init`` inside ``backend.loading()``
+(what the trainer does now).
 
 The model has Qwen2-VL-2B-Instruct's widths (vocabulary 151,936, hidden 1536, FFN 8960, vision 1280/5120, tied
 embeddings: :data:`mmgpg.models.tiny.SHAPE_TRUE`) with ``--layers`` language layers and ``--vision-depth`` vision
 blocks, randomly initialised and saved in bfloat16 like the hub checkpoint; the ranks load it in float32 (DeepSpeed on
 CPU keeps float32 weights). Each way runs in fresh processes (2 ranks, gloo, 1 thread each), one after the other in
 one session; per rank it records the RSS before loading (after importing and initialising DeepSpeed), the peak RSS
-(``ru_maxrss``) after loading and after ``prepare`` (the ZeRO-3 optimizer's fp32 partitions and Adam state).
+(``ru_maxrss``) after loading and after ``prepare`` (the ZeRO-3 optimizer's fp32 partitions and Adam state; left out
+with ``--skip-prepare``).
 
     python bench/zero3_load_rss.py                     # prints a markdown table
-    python bench/zero3_load_rss.py --out bench/results/zero3_load_rss.md
+    python bench/zero3_load_rss.py --layers 8 --skip-prepare --out bench/results/zero3_load_rss.md   # appends
 """
 
 from __future__ import annotations

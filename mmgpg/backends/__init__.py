@@ -94,7 +94,8 @@ class TrainingBackend(Protocol):
 
     def loading(self) -> AbstractContextManager:
         """Around loading the models this backend will own (the policy, a LoRA adapter on it, GRPO's reference):
-        ZeRO-3 creates each parameter already partitioned, so no rank ever holds a full copy; otherwise nothing."""
+        ZeRO-3 creates each parameter already partitioned, so the model is never whole on one rank (the loader's own
+        transient memory is not bounded by this: bench/results/zero3_load_rss.md); otherwise nothing."""
         ...
 
     def prepare(self, model: torch.nn.Module, settings: OptimizerSettings) -> None:

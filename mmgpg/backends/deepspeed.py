@@ -137,8 +137,9 @@ class DeepSpeedBackend:
         """Under ZeRO-3, ``from_pretrained`` inside this block builds the model under ``deepspeed.zero.Init`` (the
         path transformers takes while an ``HfDeepSpeedConfig`` of a stage-3 config is alive): each parameter is
         partitioned as soon as its module is created, and the checkpoint's tensors are copied in one module at a time
-        (read by rank 0, gathered, re-partitioned). So no rank builds the whole model first, as it did when the full
-        model was loaded on every rank and :meth:`prepare` partitioned it afterwards. Below stage 3 nothing changes
+        (read by rank 0, gathered, re-partitioned). So the model is never whole on one rank, as it was when every rank
+        loaded it and :meth:`prepare` partitioned it afterwards (on CPU the loader's peak host RSS is no lower:
+        bench/results/zero3_load_rss.md; the gain is GPU memory, not measured here). Below stage 3 nothing changes
         (ZeRO-0/1/2 keep the full weights on every rank anyway). The config is cleared again at the end: transformers
         would otherwise also switch ``generate`` to ``synced_gpus`` and change other calls outside this block."""
         if self.zero_stage != 3:

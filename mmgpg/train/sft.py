@@ -64,7 +64,7 @@ class SFTTrainer:
             resume.check_config(cfg, checkpoint, self.run_dir, record=False, command="sft")
         self.step = 0
         seed_everything(cfg.seed)
-        with self.backend.loading():  # ZeRO-3: built partitioned, never a full copy per rank
+        with self.backend.loading():  # ZeRO-3: built partitioned, never whole on one rank
             self.policy = load_for_training(cfg.model, self.backend.device, self.backend.weights_dtype(cfg.model.dtype),
                                             checkpoint)
         self.task = build_task(cfg.task.name, cfg.task.options)

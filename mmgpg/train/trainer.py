@@ -95,7 +95,7 @@ class Trainer:
         dtype = self.backend.weights_dtype(cfg.model.dtype)
         # Loading draws the same numbers on every rank (a fresh LoRA adapter's random A): every rank must start from
         # the same model, which the backends never broadcast. The ranks' own streams (sampling) continue afterwards.
-        # ZeRO-3 (backend.loading): the policy and the reference are built partitioned, never a full copy per rank.
+        # ZeRO-3 (backend.loading): the policy and the reference are built partitioned, never whole on one rank.
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), self.backend.loading():
             torch.manual_seed(cfg.seed)
             self.policy = load_for_training(cfg.model, self.device, dtype, checkpoint, policy=policy)
