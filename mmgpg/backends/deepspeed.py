@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
+import sys
 import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -54,7 +56,8 @@ def _import_deepspeed():
 class DeepSpeedBackend:
     name = "deepspeed"
     equal_micro_batches = True
-    replicated_state = False  # ZeRO partitions the optimizer state per rank: a resume needs the same count
+    replicated_state = False  # ZeRO partitions the optimizer state per rank ...
+    resumes_on_any_world_size = True  # ... re-split on another count through DeepSpeed's universal checkpoint
 
     def __init__(self, config: Any):
         self.ds = _import_deepspeed()
@@ -78,6 +81,7 @@ class DeepSpeedBackend:
         self.engine: Any = None
         self.params: list[torch.nn.Parameter] = []
         self.scheduler: Any = None
+        self._saved_world: int | None = None  # the rank count of the checkpoint being resumed (load_state_dict)
         self.settings: OptimizerSettings | None = None
         self._remaining = 0
         self._nonfinite_loss = False
@@ -292,7 +296,47 @@ class DeepSpeedBackend:
     def load_engine_state(self, directory: Path) -> None:
         """DeepSpeed's ``load_checkpoint``, with its file loader (``torch.load(weights_only=False)``: a crafted file
         would run code) replaced for the call by :func:`load_engine_file` (``weights_only=True``, only
-        the few DeepSpeed types its state holds). The checkpoint was verified the same way before it was chosen."""
+        the few DeepSpeed types its state holds). The checkpoint was verified the same way before it was chosen.
+
+        Written by another number of ranks (ZeRO stage 1-3, whose optimizer state is split per rank): the state is
+        first converted to DeepSpeed's universal checkpoint (:func:`to_universal`: one file per parameter and state,
+        whole) and loaded from there, each rank taking its new partition; the conversion is removed afterwards."""
+        world = self._saved_world
+        if world is None or world == self.dist.world_size or self.zero_stage == 0:  # stage 0: nothing is split
+            self._load_engine_dir(directory)
+            return
+        universal = directory.parent.parent / f".universal-{directory.parent.name}"
+        if self.dist.is_main:
+            print(f"resume: re-splitting DeepSpeed's ZeRO-{self.zero_stage} optimizer state from {world} to "
+                  f"{self.dist.world_size} rank(s) (DeepSpeed's universal checkpoint, written to {universal} and "
+                  "removed after loading)", file=sys.stderr, flush=True)
+        failed = None
+        if self.dist.is_main:
+            try:
+                to_universal(directory / "state", universal / "state")
+            except Exception as err:  # noqa: BLE001 - reported on every rank below, not only on rank 0
+                failed = str(err)[-2000:]
+        failed = distributed.broadcast_object(failed)
+        try:
+            if failed is not None:
+                from mmgpg.typed import CheckpointError
+
+                raise CheckpointError(
+                    f"DeepSpeed could not convert {directory} (written by {world} rank(s)) to a universal checkpoint "
+                    f"for {self.dist.world_size} rank(s) ({failed}). Resume with {world} rank(s), or start a new run "
+                    f"from its policy/ (model.name_or_path={directory.parent}/policy; the optimizer starts afresh)")
+            config = self.engine._config  # DeepSpeed reads `checkpoint.load_universal` from here during the load
+            config.load_universal_checkpoint = True
+            try:
+                self._load_engine_dir(universal)
+            finally:
+                config.load_universal_checkpoint = False
+        finally:
+            distributed.barrier()  # every rank has read it
+            if self.dist.is_main:
+                shutil.rmtree(universal, ignore_errors=True)
+
+    def _load_engine_dir(self, directory: Path) -> None:
         from mmgpg.typed import CheckpointError
 
         files = self.engine.checkpoint_engine
@@ -327,13 +371,13 @@ class DeepSpeedBackend:
                                   "AdamW state, not DeepSpeed's): resume it with train.backend=plain, or start a new "
                                   "run from its policy/ (model.name_or_path=<checkpoint>/policy) with a fresh optimizer")
         world, stage = int(saved["world_size"]), int(saved["zero_stage"])
-        if world != self.dist.world_size or stage != self.zero_stage:
+        if stage != self.zero_stage:
             raise CheckpointError(
-                f"this checkpoint's DeepSpeed state was written by {world} rank(s) with ZeRO stage {stage}; this run "
-                f"has {self.dist.world_size} rank(s) and ZeRO stage {self.zero_stage}. The optimizer state is "
-                f"partitioned per rank and mmgpg does not re-split it: resume with {world} rank(s) "
-                f"(torchrun --nproc_per_node ... totalling {world}) and train.zero_stage={stage}, or start a new run "
-                "from the checkpoint's policy/ (model.name_or_path=<checkpoint>/policy; the optimizer starts afresh)")
+                f"this checkpoint's DeepSpeed state was written with ZeRO stage {stage}; this run has "
+                f"train.zero_stage={self.zero_stage}. Resume with train.zero_stage={stage} (any number of ranks), or "
+                "start a new run from the checkpoint's policy/ (model.name_or_path=<checkpoint>/policy; the "
+                "optimizer starts afresh)")
+        self._saved_world = world  # another count: load_engine_state re-splits the optimizer state
         self.scheduler.load_state_dict(state["scheduler"])
 
 
@@ -369,6 +413,39 @@ def load_engine_file(path: str | Path, map_location: Any = None) -> Any:
     path = Path(path)
     return safe_load(path, allow=engine_safe_globals(), label=f"engine/{path.parent.name}/{path.name}",
                       map_location=map_location)
+
+
+def to_universal(state: Path, out: Path) -> None:
+    """DeepSpeed's own converter (``deepspeed.checkpoint.ds_to_universal``, the ``ds_to_universal.py`` script's
+    ``main``) from one ``save_checkpoint`` tag directory ``state`` (ZeRO stage 1-3, any number of ranks) to a
+    universal checkpoint in ``out``: every parameter's fp32 value and Adam moments whole, in ``out/zero/<name>/``,
+    which ``load_checkpoint`` with ``checkpoint.load_universal`` splits for the loading ranks. An existing ``out``
+    (a conversion interrupted earlier) is replaced. Its print-outs and progress bars are kept back, and shown (the
+    last lines) only in the error when it fails.
+
+    The converter unpickles with ``weights_only=False``: it only reads ``state``, which mmgpg's verification loaded
+    with ``weights_only=True`` before the checkpoint was chosen, and the loading ranks read what it wrote here."""
+    import argparse
+    import io
+    import os
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    if out.parent.exists():
+        shutil.rmtree(out.parent)
+    out.parent.mkdir(parents=True)
+    workers = max(1, min(4, os.cpu_count() or 1))
+    args = argparse.Namespace(input_folder=str(state), output_folder=str(out), num_extract_workers=workers,
+                              num_merge_workers=workers, keep_temp_folder=False, strict=True,
+                              inject_missing_state=True)  # the version record a Megatron client saves; mmgpg's
+    # models have no tensor or pipeline parallelism, so DeepSpeed's default record is the right one
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said), _quiet():
+            ds_to_universal.main(args)
+    except BaseException as err:
+        tail = "\n".join(said.getvalue().splitlines()[-20:])
+        raise RuntimeError(f"{type(err).__name__}: {err}" + (f"; the converter said:\n{tail}" if tail else "")) from err
 
 
 def _init_single_process_group(backend: str) -> None:

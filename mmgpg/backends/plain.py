@@ -70,6 +70,7 @@ class PlainBackend:
 
     equal_micro_batches = False  # no collectives inside forward or backward
     replicated_state = True  # the full AdamW state on every rank (rank 0 saves it): resumable on any number of ranks
+    resumes_on_any_world_size = True
 
     def begin_accumulation(self, micro_batches: int) -> None:
         pass

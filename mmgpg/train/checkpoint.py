@@ -246,16 +246,16 @@ def save_model_dir(target: Path, write, *, intact: str) -> Path:
 
 def load_trainer_state(checkpoint: Path, any_world_size: bool = False) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """``(trainer_state, this rank's rng state)`` of a complete checkpoint (safe loads; clear errors). A checkpoint
-    written by another number of ranks is refused, unless ``any_world_size`` (a backend whose state is the same on
-    every rank: :attr:`mmgpg.backends.TrainingBackend.replicated_state`); the rng state is then None (the caller
-    re-derives it: :func:`resharded_seed`)."""
+    written by another number of ranks is refused, unless ``any_world_size`` (a backend that loads its state on
+    another count: :attr:`mmgpg.backends.TrainingBackend.resumes_on_any_world_size`); the rng state is then None
+    (the caller re-derives it: :func:`resharded_seed`)."""
     info = distributed.current()
     meta = _read_marker(checkpoint)
     same = meta["world_size"] == info.world_size
     if not same and not any_world_size:
         raise CheckpointError(f"{checkpoint} was written by {meta['world_size']} ranks; this run has "
-                              f"{info.world_size}. Resume with the same number of processes (the DeepSpeed backend's "
-                              "state is partitioned per rank; only the plain backend resumes on another count).")
+                              f"{info.world_size}. Resume with the same number of processes (this backend's state "
+                              "cannot be re-split).")
     try:
         return (safe_load(checkpoint / "trainer_state.pt"),
                 safe_load(checkpoint / f"rng_rank{info.rank}.pt") if same else None)

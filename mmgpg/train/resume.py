@@ -267,7 +267,7 @@ def restore_run_state(checkpoint: Path, run_dir: Path, cfg, backend, stream, set
     from mmgpg.utils import seed_everything
 
     changed = check_config(cfg, checkpoint, run_dir, record=is_main, command=command)
-    state, rng = load_trainer_state(checkpoint, any_world_size=backend.replicated_state)
+    state, rng = load_trainer_state(checkpoint, any_world_size=backend.resumes_on_any_world_size)
     backend.load_state_dict(state)
     backend.load_engine_state(checkpoint / "engine")
     if changed:
