@@ -88,6 +88,8 @@ def _reward_findings(task, label: str, example, text: str) -> list[Finding]:
     poison its group's advantages), a ``success()`` that raises or returns neither a bool nor None."""
     import math
 
+    from mmgpg.task import is_bool
+
     out: list[Finding] = []
     where = f"{label} answer, {example.id}"
     rewards: dict[str, float] = {}
@@ -107,7 +109,7 @@ def _reward_findings(task, label: str, example, text: str) -> list[Finding]:
         success = task.success(text, example, rewards)
     except Exception as err:  # noqa: BLE001
         return [*out, Finding(where, "error", f"success() raised {type(err).__name__}: {err}")]
-    if success is not None and not isinstance(success, bool) and type(success).__name__ != "bool_":  # numpy's bool
+    if success is not None and not is_bool(success):
         out.append(Finding(where, "error", f"success() returned {success!r} ({type(success).__name__}), not a bool: "
                                            "every non-zero value would count as a success in prompt_success.jsonl "
                                            "and the diagnostics — return a comparison (e.g. rewards['accuracy'] >= "

@@ -268,10 +268,26 @@ def first_items(items: Sequence[Example], limit: int | None) -> list[Example]:
     return list(items[:n])
 
 
+def is_bool(value: Any) -> bool:
+    """A Python or NumPy bool (``numpy.bool_``, named ``numpy.bool`` since NumPy 2, is what a comparison of NumPy
+    scalars returns)."""
+    import numpy as np
+
+    return isinstance(value, (bool, np.bool_))
+
+
 def task_success(task: Task, completion: str, example: Example, rewards: Mapping[str, float]) -> bool | None:
-    """The task's binary success of one completion, or None when the task defines none."""
+    """The task's binary success of one completion, or None when the task defines none. Anything else is a bug in
+    the task and raises: coercing it (``bool("False")``, ``bool(0.5)``) would count it silently as a success in
+    prompt_success.jsonl and the diagnostics (``mmgpg check`` reports the same before a run)."""
     result = task.success(completion, example, rewards)
-    return None if result is None else bool(result)
+    if result is None:
+        return None
+    if not is_bool(result):
+        raise ValueError(f"task {getattr(task, 'name', type(task).__name__)!r}: success() returned {result!r} "
+                         f"({type(result).__name__}) for example {example.id!r}, not a bool or None; return a "
+                         "comparison (e.g. rewards['accuracy'] >= 1.0), or None when the task has no binary success")
+    return bool(result)
 
 
 def task_rewards(task: Task, completion: str, example: Example) -> dict[str, float]:

@@ -196,3 +196,28 @@ def test_a_judge_result_must_be_a_judgement(tmp_path):
         judge_output(task, " yes", ex, "paper")
     with pytest.raises(TypeError, match="task 'parity' judge\\(\\) must return a mmgpg.task.judges.Judgement"):
         judge_output(task, "bad", ex, "paper")
+
+
+@pytest.mark.parametrize("value", ["False", 0.5, 1, "yes", [True]])
+def test_success_that_is_not_a_bool_is_an_error_not_a_silent_success(value):
+    """bool("False") and bool(0.5) are True: coercing a task's success() would count such answers as successes in
+    prompt_success.jsonl and the diagnostics. Training raises instead, naming the task, the value and the example."""
+    import numpy as np
+
+    from mmgpg.task import task_success
+
+    class Returns:
+        name = "returns"
+
+        def __init__(self, out):
+            self.out = out
+
+        def success(self, completion, example, rewards):
+            return self.out
+
+    ex = Example(id="e7", images=[], question="q", answer=1)
+    with pytest.raises(ValueError, match=r"'returns': success\(\) returned .* for example 'e7', not a bool or None"):
+        task_success(Returns(value), "x", ex, {})
+    assert task_success(Returns(np.float64(1.0) >= 1.0), "x", ex, {}) is True  # numpy's bool_
+    assert task_success(Returns(False), "x", ex, {}) is False
+    assert task_success(Returns(None), "x", ex, {}) is None
