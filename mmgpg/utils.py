@@ -92,9 +92,18 @@ DEEPSPEED_CPU_NOTICE = "Setting accelerator to CPU"
 """The start of the warning DeepSpeed (0.19) logs at import when torch sees no CUDA device."""
 
 
-class _NotCpuNotice(logging.Filter):
+NO_CUDA_NOTICE = "No CUDA runtime is found"
+"""The start of the warning torch's ``cpp_extension`` logs at import without CUDA (DeepSpeed imports it to JIT-build
+its CPU communication op)."""
+
+
+class _DropPrefix(logging.Filter):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(DEEPSPEED_CPU_NOTICE)
+        return not str(record.msg).startswith(self.prefix)
 
 
 @contextlib.contextmanager
@@ -103,14 +112,18 @@ def quiet_deepspeed_import():
     which accelerate imports DeepSpeed when it is installed): DeepSpeed's "Setting accelerator to CPU. If you have GPU or other
     accelerator, we were unable to detect it." is dropped, every other message of its ``DeepSpeed`` logger kept.
     DeepSpeed logs it exactly when ``torch.cuda.is_available()`` is false, so on a CPU run (and ``mmgpg plan`` on a
-    login node) it is noise; a run that asks for ``device=cuda`` without one is refused by mmgpg itself. Only this
-    record, only inside: a filter on the ``DeepSpeed`` logger, removed on exit."""
-    logger, only = logging.getLogger("DeepSpeed"), _NotCpuNotice()
-    logger.addFilter(only)
+    login node) it is noise; a run that asks for ``device=cuda`` without one is refused by mmgpg itself. Likewise
+    torch's "No CUDA runtime is found, using CUDA_HOME=..." when DeepSpeed builds its CPU op. Only these records, only
+    inside: filters on the two loggers, removed on exit."""
+    filters = [(logging.getLogger("DeepSpeed"), _DropPrefix(DEEPSPEED_CPU_NOTICE)),
+               (logging.getLogger("torch.utils.cpp_extension"), _DropPrefix(NO_CUDA_NOTICE))]
+    for logger, drop in filters:
+        logger.addFilter(drop)
     try:
         yield
     finally:
-        logger.removeFilter(only)
+        for logger, drop in filters:
+            logger.removeFilter(drop)
 
 
 class PeakMemory:

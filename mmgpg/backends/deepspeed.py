@@ -61,11 +61,24 @@ class DeepSpeedBackend:
 
     def __init__(self, config: Any):
         self.ds = _import_deepspeed()
+        # DeepSpeed's ZeRO collectives call torch's deprecated names; torch warns again each time any code changes
+        # the warning filters (which resets its once-per-place record): lines a user can do nothing about.
+        warnings.filterwarnings("ignore", category=FutureWarning,
+                                message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
         t = config.train
         device = resolve_device(config.device)
         self.dist = distributed.setup(device.type)
         if not torch.distributed.is_initialized():  # one process: DeepSpeed still needs a process group (of one)
             _init_single_process_group("nccl" if device.type == "cuda" else "gloo")
+        from deepspeed.accelerator import get_accelerator
+
+        from mmgpg.utils import quiet_deepspeed_import
+
+        with _quiet(), quiet_deepspeed_import():  # DeepSpeed's communication layer over that group, as `initialize`
+            # and `zero.Init` would make it (they reuse it): made here, its start-up print and torch's CUDA notice
+            # (it JIT-loads a CPU op) are kept back
+            self.ds.comm.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
+                                          dist_init_required=False, verbose=False)
         if device.type == "cuda" and self.dist.enabled:
             device = torch.device("cuda", self.dist.local_rank)
             torch.cuda.set_device(device)
@@ -222,14 +235,15 @@ class DeepSpeedBackend:
         norm = self.engine.get_global_grad_norm()
         norm = 0.0 if norm is None else float(norm)
         self._last_norm = norm
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
-            self.scheduler.step()
+        self.advance_schedule()
         return StepResult(norm, math.isfinite(norm))
 
     def advance_schedule(self) -> None:
+        # torch's scheduler warns when it moves before the first optimizer step (a skipped step), and that the
+        # optimizer's step "has been overridden" (DeepSpeed wraps it): the order here is right in both cases.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)`")
+            warnings.filterwarnings("ignore", message=r"Seems like `optimizer.step\(\)` has been overridden")
             self.scheduler.step()
 
     def learning_rate(self) -> float:
@@ -522,14 +536,22 @@ def _gathered_for_generation(engine):
 
 @contextlib.contextmanager
 def _quiet():
-    """DeepSpeed logs every step and set-up detail at INFO on every rank; keep warnings and errors."""
+    """DeepSpeed logs every step and set-up detail at INFO on every rank; keep warnings and errors. What it prints
+    itself (e.g. "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" once per rank at start-up)
+    is kept back and shown on stderr only when the call fails."""
+    import io
     import logging
 
     from deepspeed.utils import logger
 
     level = logger.level
     logger.setLevel(logging.WARNING)
+    printed = io.StringIO()
     try:
-        yield
+        with contextlib.redirect_stdout(printed):
+            yield
+    except BaseException:
+        sys.stderr.write(printed.getvalue())
+        raise
     finally:
         logger.setLevel(level)

@@ -79,3 +79,26 @@ def test_a_model_load_and_save_drop_it(tmp_path):
               f"save_policy(policy, {str(tmp_path / 'ours')!r})")
     assert NOTICE not in out, out
     assert (tmp_path / "ours" / "model.safetensors").is_file()
+
+
+NOISE = ("built successfully",  # DeepSpeed's print when it loads its CPU communication op
+         "No CUDA runtime is found",  # torch's cpp_extension, imported for that op
+         "is deprecated. Please use `torch.distributed",  # ZeRO's collectives through torch's deprecated names
+         "has been overridden",  # torch's scheduler about DeepSpeed's wrapped optimizer.step
+         "Detected call of `lr_scheduler.step()`")
+
+
+@needs_deepspeed
+def test_a_zero3_training_run_prints_none_of_the_libraries_noise(tmp_path):
+    """`mmgpg train` on ZeRO-3 (one rank, CPU, 2 steps and a checkpoint): none of the lines above, which a user can
+    do nothing about, while the run's own lines stay."""
+    from support import FIXTURE_TASKS, run_mmgpg
+
+    proc = run_mmgpg("train", f"task={FIXTURE_TASKS}:ParityShapes", "task.num_train=8", "model=tiny",
+                     "rollout.group_size=2", "rollout.max_new_tokens=4", "train.prompts_per_step=2",
+                     "train.max_steps=2", "train.save_every=2", "train.progress=false", "train.tensorboard=false",
+                     "train.backend=deepspeed", "train.zero_stage=3", f"output_dir={tmp_path / 'run'}",
+                     env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    out = proc.stdout + proc.stderr
+    assert [n for n in NOISE if n in out] == [], out[-3000:]
+    assert "run directory:" in out
