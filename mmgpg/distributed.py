@@ -144,3 +144,13 @@ def broadcast_object(obj: Any) -> Any:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on at ``host`` right now (bound to port 0 and released): for a rendezvous or
+    store that this process opens next (another process may take it in between; the callers then fail clearly)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

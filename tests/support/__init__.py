@@ -29,15 +29,6 @@ def run_mmgpg(*args: str, check: bool = True, ranks: int = 1, env: dict | None =
     return proc
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on right now (bound to port 0 and released)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_mmgpg_nodes(*args: str, nodes: int = 2, procs_per_node: int = 1, env: dict | None = None,
                     timeout: float = 900) -> list:
     """``python -m mmgpg ARGS`` as ``nodes`` separate torchrun launchers on this machine, each
@@ -47,6 +38,8 @@ def run_mmgpg_nodes(*args: str, nodes: int = 2, procs_per_node: int = 1, env: di
     import subprocess
     import sys
     import tempfile
+
+    from mmgpg.distributed import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     procs, logs = [], []

@@ -458,3 +458,19 @@ def test_check_memory_row_counts_vllm(capsys):
     assert code == 0 and "fits (details: mmgpg plan)" in out and "vLLM" not in out
     code, out, _ = run([*args, "rollout.engine=vllm"], capsys)
     assert code == 1 and "vLLM share 0.06 GiB" in out and "does not fit" in out
+
+
+def test_a_micro_batch_never_holds_more_groups_than_the_rank_has(config_dirs, capsys):
+    """8 prompts on 8 GPUs: each rank trains 1 group, so train.micro_batch_prompts=5 forwards 1 (the trainer cuts
+    the rank's groups into micro-batches) — unless β_th resampling may add groups to the update, up to 5."""
+    def update(*extra):
+        code, out = _plan_json(config_dirs, capsys, *extra)
+        per = out["per_gpu_bytes"]
+        return per["activations_text"], per["activations_vision"], per["logprob_buffers"]
+
+    one = update("algo.min_valid_fraction=0", "train.micro_batch_prompts=1")
+    assert update("algo.min_valid_fraction=0") == one  # micro_batch_prompts=5 from VLLM_CASE, 1 group per rank
+    assert update("algo.min_valid_fraction=0.4", "algo.max_resample_attempts=1") == one  # one attempt: no growth
+    five = update("algo.min_valid_fraction=0.4")
+    assert all(f > o for f, o in zip(five, one))
+    assert update("algo.min_valid_fraction=0", "train.prompts_per_step=40") == five  # 5 groups per rank
