@@ -252,13 +252,47 @@ def append_records(path: str | Path, records: list) -> None:
 
 def replace_probe(path: str | Path, records: list[ProbeRecord]) -> Path:
     """Add ``records`` to ``probe_success.jsonl``, replacing an earlier probe of the same step and split, atomically
-    (a kill mid-rewrite leaves the old file or the new one, never a truncated one)."""
+    (a kill mid-rewrite leaves the old file or the new one, never a truncated one). Two writers at once (``mmgpg
+    probe RUN`` beside a run's ``train.probe_every``) take turns: the read-merge-write holds an exclusive ``flock``
+    on the file's folder, so neither drops the other's records."""
     path = Path(path)
     keys = {(r.step, r.split) for r in records}
-    kept = [r for r in (read_records(path, ProbeRecord) if path.exists() else []) if (r.step, r.split) not in keys]
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_jsonl_atomic(path, [r.to_json() for r in kept + list(records)])
+    with _folder_locked(path.parent):
+        kept = [r for r in (read_records(path, ProbeRecord) if path.exists() else []) if (r.step, r.split) not in keys]
+        write_jsonl_atomic(path, [r.to_json() for r in kept + list(records)])
     return path
+
+
+class _folder_locked:
+    """An exclusive ``flock`` on a folder for the block (released when the block ends, or by the kernel when the
+    process dies). Nothing is held on a filesystem without such locks (some network filesystems): as before."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.fd = folder, None
+
+    def __enter__(self):
+        import fcntl
+        import os
+
+        try:
+            fd = os.open(self.folder, os.O_RDONLY)
+        except OSError:
+            return self
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            os.close(fd)
+            return self
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc):
+        import os
+
+        if self.fd is not None:
+            os.close(self.fd)  # closing the only descriptor releases the lock
+        return False
 
 
 # --------------------------------------------------------------------------------------------------------------------

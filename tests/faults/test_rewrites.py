@@ -123,3 +123,20 @@ def test_the_scan_sees_each_kind_of_in_place_write(tmp_path, source, writes):
     probe = tmp_path / "module.py"
     probe.write_text(f"def f(p, x, fig, fd, f, b, model):\n    {source}\n")
     assert len(_direct_writes(probe, tmp_path)) == writes
+
+
+def test_two_probe_writers_at_once_keep_each_others_records(tmp_path):
+    """`mmgpg probe RUN` while the run's train.probe_every probes: each read-merge-write of probe_success.jsonl runs
+    alone, so no writer's records are lost (without the lock, two processes of 40 rewrites each lost most of them)."""
+    path = tmp_path / "probe_success.jsonl"
+    writer = (PROBES + "import sys, dataclasses\nfrom mmgpg.rundir import replace_probe\n"
+              "split = sys.argv[1]\n"
+              "for step in range(40):\n"
+              f"    replace_probe({str(path)!r}, [dataclasses.replace(r, split=split) for r in probes(step, 200)])\n")
+    procs = [subprocess.Popen([sys.executable, "-c", writer, split], stderr=subprocess.PIPE, text=True)
+             for split in ("train", "test")]
+    for proc in procs:
+        assert proc.wait(timeout=600) == 0, proc.stderr.read()[-3000:]
+    records = read_records(path, ProbeRecord)
+    assert sorted({(r.split, r.step) for r in records}) == sorted((s, k) for s in ("train", "test") for k in range(40))
+    assert len(records) == 2 * 40 * 200
