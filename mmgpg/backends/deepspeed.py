@@ -465,13 +465,9 @@ def to_universal(state: Path, out: Path) -> None:
 def _init_single_process_group(backend: str) -> None:
     """A process group of one on a free local port (``mmgpg train`` or ``mmgpg sft`` without torchrun)."""
     import os
-    import socket
 
     os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's launcher check
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = distributed.free_port()
     torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
 
 
