@@ -17,7 +17,12 @@ Facts this module relies on (vLLM 0.32, measured on CPU; docs/install.md, "vLLM"
   chunk would NOT do: each call finalises the session, and a layer half-loaded at that point is processed with
   uninitialised memory for its missing part. Then three cache resets, once: without ``reset_prefix_cache`` vLLM
   silently reuses KV blocks computed with the old weights, without the scheduler's encoder-cache reset the next
-  request fails ("Encoder cache miss") and wedges the engine.
+  request fails ("Encoder cache miss") and wedges the engine. And the KV cache's memory is zeroed: resetting the
+  prefix cache only forgets which blocks hold what, and the attention kernels read a block's unwritten slots too
+  (masked out, which hides a finite stale value but not a NaN/inf; vLLM zeroes new blocks only for Mamba or
+  mixed-precision caches), so the NaN that non-finite weights wrote there (a lost bucket's uninitialised memory, a
+  diverged policy) turns later requests' log-probs into NaN even after a complete sync (measured on CPU: free blocks
+  holding NaN or inf: every log-prob NaN; holding 1e30 or zeroed: exact).
 - Start-up is from a folder (config, processor, weights): ``load_format="dummy"`` would not do, as it also
   randomises persistent buffers that no checkpoint holds (Qwen2-VL's ``visual.input_norm``, the processor's
   mean/std: measured 0.58 nats off after a full sync).
@@ -137,6 +142,30 @@ def _worker_finish_update(worker) -> list[str]:
         model = worker.get_model()
         finalize_layerwise_reload(model, worker.vllm_config.model_config)
         return [name for name, _ in model.named_parameters()]
+
+
+def _worker_zero_kv_cache(worker) -> int:
+    """Zero this worker's KV cache tensors (the state vLLM allocates them in); returns the bytes zeroed."""
+    import torch
+
+    def tensors(x):
+        if isinstance(x, torch.Tensor):
+            yield x
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                yield from tensors(y)
+
+    caches = getattr(worker.model_runner, "kv_caches", None)
+    if caches is None:
+        raise RuntimeError(f"vLLM's {type(worker.model_runner).__name__} has no kv_caches list (another vLLM "
+                           "version?): the KV cache cannot be cleared after the weight update (vllm_core.reset_caches)")
+    seen, total = set(), 0
+    for t in tensors(caches):
+        if t.data_ptr() not in seen:  # layers sharing one cache (KV sharing, one raw buffer): zeroed once
+            seen.add(t.data_ptr())
+            t.zero_()
+            total += t.numel() * t.element_size()
+    return total
 
 
 class WeightUpdate:
@@ -271,11 +300,18 @@ class VLLMCore:
         return update.finish()
 
     def reset_caches(self) -> None:
+        """After every weight update (finished, failed or aborted): nothing computed with the old weights is reused."""
         if self.llm.reset_prefix_cache() is False:
             raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?); its KV blocks "
                                "would hold values computed with the old weights")
         self.llm.reset_mm_cache()
         self.llm.llm_engine.reset_encoder_cache()
+        # The blocks' memory too (after the prefix-cache reset: no request holds a block now). The kernels read the
+        # unwritten slots of a block and mask them out, which a NaN/inf survives: KV values that non-finite weights
+        # wrote (the uninitialised part of a layer a lost bucket left half loaded, a diverged policy) would poison
+        # later requests that get such a block, after the sync that repaired the weights (module docstring).
+        # ~0.12 s per GiB of KV cache on one CPU thread.
+        self.llm.collective_rpc(_worker_zero_kv_cache)
 
     def sleep(self) -> None:
         """Free GPU memory during the update (``rollout.vllm_sleep``; a no-op where vLLM has no sleep mode, e.g. CPU).

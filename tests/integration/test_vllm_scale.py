@@ -107,8 +107,9 @@ def _perturb(policy, seed: int) -> None:
 def test_server_weight_channel_buckets_drops_and_restart(tiny_text_dir, monkeypatch):
     """The dist channel (the default): after a weight change + bucketed broadcast sync the server's log-probs are the
     trainer's; a bucket dropped on the way trips the post-sync comparison, and buckets whose loss leaves parameters
-    without values are an error at the end of that sync (naming them); a server restarted under the run refuses the
-    next sync with a message instead of hanging."""
+    without values are an error at the end of that sync (naming them); after those and a sync of NaN weights the next
+    full sync gives the trainer's log-probs again; a server restarted under the run refuses the next sync with a
+    message instead of hanging."""
     from mmgpg.rollout import vllm_core
     from mmgpg.rollout.vllm_server import VLLMServerError
 
@@ -150,6 +151,13 @@ def test_server_weight_channel_buckets_drops_and_restart(tiny_text_dir, monkeypa
         with pytest.raises(VLLMServerError, match="never arrived"):
             eng.sync_weights(policy_weights(policy.model))
         monkeypatch.setattr(vllm_core, "buckets", real_buckets)
+        # non-finite weights (a diverged policy; the uninitialised memory of a half-loaded layer above is NaN only
+        # now and then): the KV blocks its requests fill hold NaN, which must not leak into the requests after the
+        # repair (the attention kernels read a block's unwritten slots too; vllm_core.reset_caches zeroes them)
+        nan_v = "model.layers.1.self_attn.v_proj.weight"
+        eng.sync_weights((k, torch.full_like(v, float("nan")) if k == nan_v else v)
+                         for k, v in policy_weights(policy.model))
+        assert _diff(policy, eng).isnan().any()
         eng.sync_weights(policy_weights(policy.model))  # the next full sync repairs it
         diff = _diff(policy, eng)
         assert diff.max() <= TOKEN_TOL and diff.mean() <= MEAN_TOL, (diff.max(), diff.mean())
