@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixture_tasks.py"
+FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "support" / "fixture_tasks.py"
 
 
 def conversations(n: int):

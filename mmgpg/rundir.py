@@ -346,7 +346,7 @@ def _safe_load(path: Path, mmap: bool = False, **kwargs) -> Any:
 
 def verify_engine_dir(engine: Path, world_size: int | None = None, zero_stage: int | None = None) -> None:
     """DeepSpeed's ``engine/``: it holds model states, and every file in it (but DeepSpeed's two conversion scripts)
-    loads with ``weights_only=True`` and :data:`mmgpg.backends.deepspeed.ENGINE_SAFE_GLOBALS`. Without DeepSpeed installed (a checkpoint read
+    loads with ``weights_only=True`` and :data:`mmgpg.backends.deepspeed_state.ENGINE_SAFE_GLOBALS`. Without DeepSpeed installed (a checkpoint read
     for evaluation elsewhere) the pickles' globals are listed instead of loaded: still nothing is unpickled.
 
     With the run's ``world_size`` and ``zero_stage`` (from the marker and ``trainer_state.pt``), also what
@@ -355,7 +355,7 @@ def verify_engine_dir(engine: Path, world_size: int | None = None, zero_stage: i
     damaged one, before DeepSpeed sees it (a missing or emptied file made DeepSpeed's load raise mid-resume)."""
     if not engine.is_dir():
         raise CheckpointError("engine/ (DeepSpeed's optimizer state) is missing")
-    from mmgpg.backends.deepspeed import ENGINE_SAFE_GLOBALS, ENGINE_SCRIPTS, engine_safe_globals
+    from mmgpg.backends.deepspeed_state import ENGINE_SAFE_GLOBALS, ENGINE_SCRIPTS, engine_safe_globals
 
     files = sorted(p for p in engine.rglob("*")
                    if p.is_file() and not (p.parent == engine and p.name in ENGINE_SCRIPTS))

@@ -211,7 +211,7 @@ def safe_load(path: Path, mmap: bool = False, allow: list | tuple = (), label: s
                map_location: Any = "cpu") -> Any:
     """``torch.load(weights_only=True)``: tensors and plain data only; a file that needs more is refused.
     ``mmap``: map the tensors instead of reading them (a cheap check of a large optimizer state). ``allow``: classes
-    besides plain data that may be rebuilt (:data:`mmgpg.backends.deepspeed.ENGINE_SAFE_GLOBALS` for DeepSpeed's
+    besides plain data that may be rebuilt (:data:`mmgpg.backends.deepspeed_state.ENGINE_SAFE_GLOBALS` for DeepSpeed's
     files); ``label``: the file's name in messages (default its file name); ``map_location`` as torch.load's."""
     from mmgpg.typed import CheckpointError
 

@@ -31,6 +31,8 @@ import torch
 from mmgpg import distributed
 from mmgpg.backends import OptimizerSettings, StepResult, build_scheduler
 from mmgpg.backends.deepspeed_config import INSTALL_HINT, derive, merge, read_user_config
+from mmgpg.backends.deepspeed_state import load_engine_file, to_universal
+from mmgpg.backends.deepspeed_state import quiet as _quiet
 from mmgpg.models.load import resolve_device
 
 
@@ -309,11 +311,11 @@ class DeepSpeedBackend:
 
     def load_engine_state(self, directory: Path) -> None:
         """DeepSpeed's ``load_checkpoint``, with its file loader (``torch.load(weights_only=False)``: a crafted file
-        would run code) replaced for the call by :func:`load_engine_file` (``weights_only=True``, only
+        would run code) replaced for the call by :func:`~mmgpg.backends.deepspeed_state.load_engine_file` (``weights_only=True``, only
         the few DeepSpeed types its state holds). The checkpoint was verified the same way before it was chosen.
 
         Written by another number of ranks (ZeRO stage 1-3, whose optimizer state is split per rank): the state is
-        first converted to DeepSpeed's universal checkpoint (:func:`to_universal`: one file per parameter and state,
+        first converted to DeepSpeed's universal checkpoint (:func:`~mmgpg.backends.deepspeed_state.to_universal`: one file per parameter and state,
         whole) and loaded from there, each rank taking its new partition; the conversion is removed afterwards."""
         world = self._saved_world
         if world is None or world == self.dist.world_size or self.zero_stage == 0:  # stage 0: nothing is split
@@ -395,73 +397,6 @@ class DeepSpeedBackend:
         self.scheduler.load_state_dict(state["scheduler"])
 
 
-# DeepSpeed's own state files (engine/): read by mmgpg's verification and by DeepSpeed's load through one loader.
-ENGINE_SAFE_GLOBALS = ("deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.zero.config.ZeroStageEnum",
-                       "deepspeed.utils.tensor_fragment.fragment_address")
-"""The only types besides tensors and plain data that DeepSpeed's state files hold (ZeRO 0-3 with mmgpg's settings,
-DeepSpeed 0.19): the ZeRO optimizer's static loss scaler (scale 1; mmgpg refuses fp16), the ZeRO-stage enum and a
-parameter fragment's ``(numel, start)`` address. Unpickling them only rebuilds those objects from plain data (the enum
-by looking its value up; the two classes have no ``__setstate__``, so their attributes are set as data); every other
-global is refused, with its name in the message."""
-ENGINE_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")  # DeepSpeed copies its conversion scripts beside the state;
-# nothing loads or runs them (they are for a user converting the state by hand)
-
-
-def engine_safe_globals() -> list:
-    """The classes of :data:`ENGINE_SAFE_GLOBALS` (imports DeepSpeed; ImportError when it is not installed)."""
-    import importlib
-
-    out = []
-    for name in ENGINE_SAFE_GLOBALS:
-        module, _, attr = name.rpartition(".")
-        out.append(getattr(importlib.import_module(module), attr))
-    return out
-
-
-def load_engine_file(path: str | Path, map_location: Any = None) -> Any:
-    """One of DeepSpeed's state files, loaded with ``weights_only=True`` and only :data:`ENGINE_SAFE_GLOBALS` allowed:
-    the loader :meth:`DeepSpeedBackend.load_engine_state` gives DeepSpeed in place of its own ``weights_only=False``
-    one."""
-    from mmgpg.utils import safe_load
-
-    path = Path(path)
-    return safe_load(path, allow=engine_safe_globals(), label=f"engine/{path.parent.name}/{path.name}",
-                      map_location=map_location)
-
-
-def to_universal(state: Path, out: Path) -> None:
-    """DeepSpeed's own converter (``deepspeed.checkpoint.ds_to_universal``, the ``ds_to_universal.py`` script's
-    ``main``) from one ``save_checkpoint`` tag directory ``state`` (ZeRO stage 1-3, any number of ranks) to a
-    universal checkpoint in ``out``: every parameter's fp32 value and Adam moments whole, in ``out/zero/<name>/``,
-    which ``load_checkpoint`` with ``checkpoint.load_universal`` splits for the loading ranks. An existing ``out``
-    (a conversion interrupted earlier) is replaced. Its print-outs and progress bars are kept back, and shown (the
-    last lines) only in the error when it fails.
-
-    The converter unpickles with ``weights_only=False``: it only reads ``state``, which mmgpg's verification loaded
-    with ``weights_only=True`` before the checkpoint was chosen, and the loading ranks read what it wrote here."""
-    import argparse
-    import io
-    import os
-
-    from deepspeed.checkpoint import ds_to_universal
-
-    if out.parent.exists():
-        shutil.rmtree(out.parent)
-    out.parent.mkdir(parents=True)
-    workers = max(1, min(4, os.cpu_count() or 1))
-    args = argparse.Namespace(input_folder=str(state), output_folder=str(out), num_extract_workers=workers,
-                              num_merge_workers=workers, keep_temp_folder=False, strict=True,
-                              inject_missing_state=True)  # the version record a Megatron client saves; mmgpg's
-    # models have no tensor or pipeline parallelism, so DeepSpeed's default record is the right one
-    said = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said), _quiet():
-            ds_to_universal.main(args)
-    except BaseException as err:
-        tail = "\n".join(said.getvalue().splitlines()[-20:])
-        raise RuntimeError(f"{type(err).__name__}: {err}" + (f"; the converter said:\n{tail}" if tail else "")) from err
-
-
 def _init_single_process_group(backend: str) -> None:
     """A process group of one on a free local port (``mmgpg train`` or ``mmgpg sft`` without torchrun)."""
     import os
@@ -528,26 +463,3 @@ def _gathered_for_generation(engine):
     finally:
         if start_hook is not None:
             offload.fwd_pre_hook = offload.module.register_forward_pre_hook(start_hook, prepend=True)
-
-
-@contextlib.contextmanager
-def _quiet():
-    """DeepSpeed logs every step and set-up detail at INFO on every rank; keep warnings and errors. What it prints
-    itself (e.g. "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" once per rank at start-up)
-    is kept back and shown on stderr only when the call fails."""
-    import io
-    import logging
-
-    from deepspeed.utils import logger
-
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    printed = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(printed):
-            yield
-    except BaseException:
-        sys.stderr.write(printed.getvalue())
-        raise
-    finally:
-        logger.setLevel(level)

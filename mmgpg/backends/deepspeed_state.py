@@ -1,0 +1,101 @@
+"""DeepSpeed's own checkpoint files (a checkpoint's ``engine/``): the safe loader mmgpg's verification and
+DeepSpeed's load both read them with, and the conversion to DeepSpeed's universal checkpoint that lets a run resume
+on another number of ranks (:meth:`mmgpg.backends.deepspeed.DeepSpeedBackend.load_engine_state`). Imports
+DeepSpeed only inside the functions that need it."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+# DeepSpeed's own state files (engine/): read by mmgpg's verification and by DeepSpeed's load through one loader.
+ENGINE_SAFE_GLOBALS = ("deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.zero.config.ZeroStageEnum",
+                       "deepspeed.utils.tensor_fragment.fragment_address")
+"""The only types besides tensors and plain data that DeepSpeed's state files hold (ZeRO 0-3 with mmgpg's settings,
+DeepSpeed 0.19): the ZeRO optimizer's static loss scaler (scale 1; mmgpg refuses fp16), the ZeRO-stage enum and a
+parameter fragment's ``(numel, start)`` address. Unpickling them only rebuilds those objects from plain data (the enum
+by looking its value up; the two classes have no ``__setstate__``, so their attributes are set as data); every other
+global is refused, with its name in the message."""
+ENGINE_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")  # DeepSpeed copies its conversion scripts beside the state;
+# nothing loads or runs them (they are for a user converting the state by hand)
+
+
+def engine_safe_globals() -> list:
+    """The classes of :data:`ENGINE_SAFE_GLOBALS` (imports DeepSpeed; ImportError when it is not installed)."""
+    import importlib
+
+    out = []
+    for name in ENGINE_SAFE_GLOBALS:
+        module, _, attr = name.rpartition(".")
+        out.append(getattr(importlib.import_module(module), attr))
+    return out
+
+
+def load_engine_file(path: str | Path, map_location: Any = None) -> Any:
+    """One of DeepSpeed's state files, loaded with ``weights_only=True`` and only :data:`ENGINE_SAFE_GLOBALS` allowed:
+    the loader :meth:`~mmgpg.backends.deepspeed.DeepSpeedBackend.load_engine_state` gives DeepSpeed in place of its own ``weights_only=False``
+    one."""
+    from mmgpg.utils import safe_load
+
+    path = Path(path)
+    return safe_load(path, allow=engine_safe_globals(), label=f"engine/{path.parent.name}/{path.name}",
+                      map_location=map_location)
+
+
+def to_universal(state: Path, out: Path) -> None:
+    """DeepSpeed's own converter (``deepspeed.checkpoint.ds_to_universal``, the ``ds_to_universal.py`` script's
+    ``main``) from one ``save_checkpoint`` tag directory ``state`` (ZeRO stage 1-3, any number of ranks) to a
+    universal checkpoint in ``out``: every parameter's fp32 value and Adam moments whole, in ``out/zero/<name>/``,
+    which ``load_checkpoint`` with ``checkpoint.load_universal`` splits for the loading ranks. An existing ``out``
+    (a conversion interrupted earlier) is replaced. Its print-outs and progress bars are kept back, and shown (the
+    last lines) only in the error when it fails.
+
+    The converter unpickles with ``weights_only=False``: it only reads ``state``, which mmgpg's verification loaded
+    with ``weights_only=True`` before the checkpoint was chosen, and the loading ranks read what it wrote here."""
+    import argparse
+    import io
+    import os
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    if out.parent.exists():
+        shutil.rmtree(out.parent)
+    out.parent.mkdir(parents=True)
+    workers = max(1, min(4, os.cpu_count() or 1))
+    args = argparse.Namespace(input_folder=str(state), output_folder=str(out), num_extract_workers=workers,
+                              num_merge_workers=workers, keep_temp_folder=False, strict=True,
+                              inject_missing_state=True)  # the version record a Megatron client saves; mmgpg's
+    # models have no tensor or pipeline parallelism, so DeepSpeed's default record is the right one
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said), quiet():  # noqa: SIM117
+            ds_to_universal.main(args)
+    except BaseException as err:
+        tail = "\n".join(said.getvalue().splitlines()[-20:])
+        raise RuntimeError(f"{type(err).__name__}: {err}" + (f"; the converter said:\n{tail}" if tail else "")) from err
+
+
+@contextlib.contextmanager
+def quiet():
+    """DeepSpeed logs every step and set-up detail at INFO on every rank; keep warnings and errors. What it prints
+    itself (e.g. "DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully" once per rank at start-up)
+    is kept back and shown on stderr only when the call fails."""
+    import io
+    import logging
+
+    from deepspeed.utils import logger
+
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            yield
+    except BaseException:
+        sys.stderr.write(printed.getvalue())
+        raise
+    finally:
+        logger.setLevel(level)
