@@ -17,6 +17,7 @@ checkpoint module. May import: the top-level modules and :mod:`mmgpg.config` (a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -264,35 +265,24 @@ def replace_probe(path: str | Path, records: list[ProbeRecord]) -> Path:
     return path
 
 
-class _folder_locked:
+@contextlib.contextmanager
+def _folder_locked(folder: Path):
     """An exclusive ``flock`` on a folder for the block (released when the block ends, or by the kernel when the
     process dies). Nothing is held on a filesystem without such locks (some network filesystems): as before."""
+    import fcntl
+    import os
 
-    def __init__(self, folder: Path):
-        self.folder, self.fd = folder, None
-
-    def __enter__(self):
-        import fcntl
-        import os
-
-        try:
-            fd = os.open(self.folder, os.O_RDONLY)
-        except OSError:
-            return self
-        try:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        with contextlib.suppress(OSError):  # a filesystem without flock: no lock, as before
             fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            os.close(fd)
-            return self
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc):
-        import os
-
-        if self.fd is not None:
-            os.close(self.fd)  # closing the only descriptor releases the lock
-        return False
+        yield
+    finally:
+        os.close(fd)  # closing the only descriptor releases the lock
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -346,8 +336,9 @@ def _safe_load(path: Path, mmap: bool = False, **kwargs) -> Any:
 
 def verify_engine_dir(engine: Path, world_size: int | None = None, zero_stage: int | None = None) -> None:
     """DeepSpeed's ``engine/``: it holds model states, and every file in it (but DeepSpeed's two conversion scripts)
-    loads with ``weights_only=True`` and :data:`mmgpg.backends.deepspeed_state.ENGINE_SAFE_GLOBALS`. Without DeepSpeed installed (a checkpoint read
-    for evaluation elsewhere) the pickles' globals are listed instead of loaded: still nothing is unpickled.
+    loads with ``weights_only=True`` and :data:`mmgpg.backends.deepspeed_state.ENGINE_SAFE_GLOBALS`. Without
+    DeepSpeed installed (a checkpoint read for evaluation elsewhere) the pickles' globals are listed instead of
+    loaded: still nothing is unpickled.
 
     With the run's ``world_size`` and ``zero_stage`` (from the marker and ``trainer_state.pt``), also what
     DeepSpeed's load will read (:func:`engine_files`): every rank's file is there, and each holds its part (model

@@ -79,7 +79,6 @@ class TrainingBackend(Protocol):
     params: list[torch.nn.Parameter]  # the trainable parameters (after `prepare`)
 
     equal_micro_batches: bool  # True: forward/backward hold collectives, so every rank must run as many micro-batches
-    replicated_state: bool  # True: every rank holds the whole optimizer state, so a resume may use another rank count
     resumes_on_any_world_size: bool  # True: a checkpoint written by another rank count loads (re-split if needed)
 
     @property

@@ -58,15 +58,14 @@ def _import_deepspeed():
 class DeepSpeedBackend:
     name = "deepspeed"
     equal_micro_batches = True
-    replicated_state = False  # ZeRO partitions the optimizer state per rank ...
-    resumes_on_any_world_size = True  # ... re-split on another count through DeepSpeed's universal checkpoint
+    resumes_on_any_world_size = True  # ZeRO's per-rank optimizer state, re-split through the universal checkpoint
 
     def __init__(self, config: Any):
         self.ds = _import_deepspeed()
         # DeepSpeed's ZeRO collectives call torch's deprecated names; torch warns again each time any code changes
         # the warning filters (which resets its once-per-place record): lines a user can do nothing about.
-        warnings.filterwarnings("ignore", category=FutureWarning,
-                                message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
+        deprecated = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+        warnings.filterwarnings("ignore", category=FutureWarning, message=deprecated)
         t = config.train
         device = resolve_device(config.device)
         self.dist = distributed.setup(device.type)
@@ -311,23 +310,24 @@ class DeepSpeedBackend:
 
     def load_engine_state(self, directory: Path) -> None:
         """DeepSpeed's ``load_checkpoint``, with its file loader (``torch.load(weights_only=False)``: a crafted file
-        would run code) replaced for the call by :func:`~mmgpg.backends.deepspeed_state.load_engine_file` (``weights_only=True``, only
-        the few DeepSpeed types its state holds). The checkpoint was verified the same way before it was chosen.
+        would run code) replaced for the call by :func:`~mmgpg.backends.deepspeed_state.load_engine_file`
+        (``weights_only=True``, only the few DeepSpeed types its state holds). The checkpoint was verified the same
+        way before it was chosen.
 
         Written by another number of ranks (ZeRO stage 1-3, whose optimizer state is split per rank): the state is
-        first converted to DeepSpeed's universal checkpoint (:func:`~mmgpg.backends.deepspeed_state.to_universal`: one file per parameter and state,
-        whole) and loaded from there, each rank taking its new partition; the conversion is removed afterwards."""
+        first converted to DeepSpeed's universal checkpoint (:func:`~mmgpg.backends.deepspeed_state.to_universal`:
+        one file per parameter and state, whole) and loaded from there, each rank taking its new partition; the
+        conversion is removed afterwards."""
         world = self._saved_world
         if world is None or world == self.dist.world_size or self.zero_stage == 0:  # stage 0: nothing is split
             self._load_engine_dir(directory)
             return
         universal = directory.parent.parent / f".universal-{directory.parent.name}"
+        failed = None
         if self.dist.is_main:
             print(f"resume: re-splitting DeepSpeed's ZeRO-{self.zero_stage} optimizer state from {world} to "
                   f"{self.dist.world_size} rank(s) (DeepSpeed's universal checkpoint, written to {universal} and "
                   "removed after loading)", file=sys.stderr, flush=True)
-        failed = None
-        if self.dist.is_main:
             try:
                 to_universal(directory / "state", universal / "state")
             except Exception as err:  # noqa: BLE001 - reported on every rank below, not only on rank 0

@@ -36,8 +36,8 @@ def engine_safe_globals() -> list:
 
 def load_engine_file(path: str | Path, map_location: Any = None) -> Any:
     """One of DeepSpeed's state files, loaded with ``weights_only=True`` and only :data:`ENGINE_SAFE_GLOBALS` allowed:
-    the loader :meth:`~mmgpg.backends.deepspeed.DeepSpeedBackend.load_engine_state` gives DeepSpeed in place of its own ``weights_only=False``
-    one."""
+    the loader :meth:`~mmgpg.backends.deepspeed.DeepSpeedBackend.load_engine_state` gives DeepSpeed in place of its
+    own ``weights_only=False`` one."""
     from mmgpg.utils import safe_load
 
     path = Path(path)
@@ -71,7 +71,7 @@ def to_universal(state: Path, out: Path) -> None:
     # models have no tensor or pipeline parallelism, so DeepSpeed's default record is the right one
     said = io.StringIO()
     try:
-        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said), quiet():  # noqa: SIM117
+        with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said), quiet():
             ds_to_universal.main(args)
     except BaseException as err:
         tail = "\n".join(said.getvalue().splitlines()[-20:])

@@ -69,8 +69,7 @@ class PlainBackend:
         self.scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     equal_micro_batches = False  # no collectives inside forward or backward
-    replicated_state = True  # the full AdamW state on every rank (rank 0 saves it): resumable on any number of ranks
-    resumes_on_any_world_size = True
+    resumes_on_any_world_size = True  # the full AdamW state on every rank (rank 0 saves it): loads on any count
 
     def begin_accumulation(self, micro_batches: int) -> None:
         pass

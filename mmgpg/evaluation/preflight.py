@@ -88,7 +88,7 @@ def _reward_findings(task, label: str, example, text: str) -> list[Finding]:
     poison its group's advantages), a ``success()`` that raises or returns neither a bool nor None."""
     import math
 
-    from mmgpg.task import is_bool
+    from mmgpg.task import SUCCESS_FIX, is_bool
 
     out: list[Finding] = []
     where = f"{label} answer, {example.id}"
@@ -112,8 +112,7 @@ def _reward_findings(task, label: str, example, text: str) -> list[Finding]:
     if success is not None and not is_bool(success):
         out.append(Finding(where, "error", f"success() returned {success!r} ({type(success).__name__}), not a bool: "
                                            "every non-zero value would count as a success in prompt_success.jsonl "
-                                           "and the diagnostics — return a comparison (e.g. rewards['accuracy'] >= "
-                                           "1.0), or None when the task has no binary success"))
+                                           f"and the diagnostics — {SUCCESS_FIX}"))
     return out
 
 

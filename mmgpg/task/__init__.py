@@ -268,6 +268,11 @@ def first_items(items: Sequence[Example], limit: int | None) -> list[Example]:
     return list(items[:n])
 
 
+SUCCESS_FIX = ("return a comparison (e.g. rewards['accuracy'] >= 1.0), or None when the task has no binary "
+               "success")
+"""What to do about a ``success()`` that returns neither a bool nor None (training's error, ``mmgpg check``)."""
+
+
 def is_bool(value: Any) -> bool:
     """A Python or NumPy bool (``numpy.bool_``, named ``numpy.bool`` since NumPy 2, is what a comparison of NumPy
     scalars returns)."""
@@ -285,8 +290,7 @@ def task_success(task: Task, completion: str, example: Example, rewards: Mapping
         return None
     if not is_bool(result):
         raise ValueError(f"task {getattr(task, 'name', type(task).__name__)!r}: success() returned {result!r} "
-                         f"({type(result).__name__}) for example {example.id!r}, not a bool or None; return a "
-                         "comparison (e.g. rewards['accuracy'] >= 1.0), or None when the task has no binary success")
+                         f"({type(result).__name__}) for example {example.id!r}, not a bool or None; {SUCCESS_FIX}")
     return bool(result)
 
 
