@@ -6,8 +6,8 @@ the same settings through mmgpg's engine seam (``engine.generate(conversations, 
 masked-in completion tokens (EOS included) over the wall time of ``generate``; ``vllm_over_hf`` is the ratio of the
 two engines' rates within each repeat (paired: robust to the load of a shared machine), sorted.
 
-    python bench/vllm_rollout.py --out bench/results                        # the shapes of bench/results/vllm.md
-    python bench/vllm_rollout.py --shapes 2x8x24 --repeats 1 --train-steps 0  # a quick smoke run
+    python bench/vllm_rollout.py --repeats 5 --train-steps 6 --out bench/results  # bench/results/vllm.md
+    python bench/vllm_rollout.py --shapes 2x8x24 --repeats 1 --train-steps 0    # a quick smoke run
 
 ``--train-steps N`` also runs ``mmgpg train`` for N steps with each engine and reports the median of the time/rollout,
 time/sync and time/update metrics (the update includes the sync).
@@ -75,7 +75,7 @@ def train_split(engine: str, steps: int, workdir: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", nargs="+", default=["2x8x24", "16x8x128"], help="PROMPTSxGxMAX_NEW_TOKENS")
+    ap.add_argument("--shapes", nargs="+", default=["2x8x24", "16x8x128", "32x8x256"], help="PROMPTSxGxMAX_NEW_TOKENS")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--train-steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
