@@ -144,11 +144,34 @@ LORA_FIXED = frozenset({"model.lora.rank", "model.lora.alpha", "model.lora.targe
 full) and its scale (alpha) are the ones it was trained with. ``model.lora.dropout`` is not among them."""
 
 
+def change_notes(changes: dict[str, tuple[Any, Any]], cfg, command: str = "train") -> dict[str, str]:
+    """What an accepted change does where that is not what its name says: a new ``model.name_or_path`` does not
+    replace the trained weights. Without LoRA the policy continues from the checkpoint's ``policy/``, so the new path
+    is only the KL reference (``algo.kl_coef > 0``, train) or nothing at all; with LoRA it is the base model the saved
+    adapter is put on from this step on."""
+    if "model.name_or_path" not in changes:
+        return {}
+    if cfg.model.lora.rank > 0:
+        text = ("it becomes the base model under the saved LoRA adapter from this step on; the adapter, trained on the "
+                "old base, continues unchanged")
+    elif command == "train" and cfg.algo.kl_coef > 0:
+        text = ("the policy's weights still continue from the checkpoint's policy/; the new model is only the KL "
+                "reference (algo.kl_coef > 0) from this step on")
+    else:
+        text = ("the policy's weights continue from the checkpoint's policy/ and nothing this run computes reads the new "
+                "path (no LoRA base, no KL reference; only the logged memory plan does); to train another model, "
+                "start a new run in another output_dir")
+    return {"model.name_or_path": text}
+
+
 def check_config_changes(changes: dict[str, tuple[Any, Any]], *, checkpoint: Path, source: str, apply: bool,
-                         constant_lr: bool, command: str = "train", fixed: frozenset = frozenset()) -> tuple[dict, dict]:
+                         constant_lr: bool, command: str = "train", fixed: frozenset = frozenset(),
+                         notes: dict[str, str] | None = None) -> tuple[dict, dict]:
     """Split ``changes`` into ``(run control, other)``; raise :class:`~mmgpg.config.ConfigError` listing the others
     unless ``apply``. ``train.max_steps`` is run control only under a constant learning rate (otherwise the schedule's
-    length changes). A change of a key in ``fixed`` cannot be applied and is refused even with ``apply``."""
+    length changes). A change of a key in ``fixed`` cannot be applied and is refused even with ``apply``. ``notes``
+    (:func:`change_notes`) say in the refusal what a change would do."""
+    notes = notes or {}
     from mmgpg.typed import ConfigError, Problem
 
     run_control = RUN_CONTROL if command == "train" else SFT_RUN_CONTROL
@@ -166,22 +189,28 @@ def check_config_changes(changes: dict[str, tuple[Any, Any]], *, checkpoint: Pat
         fix = ("drop this override to continue as the checkpoint was trained, add train.resume_config=new to apply "
                "the new values from this step on (recorded in config_changes.jsonl), or start a new run in another "
                "output_dir")
-        raise ConfigError([Problem(k, new, f"Checkpoint {checkpoint} was trained with {old!r} ({source}).", fix)
+        raise ConfigError([Problem(k, new, f"Checkpoint {checkpoint} was trained with {old!r} ({source})."
+                                   + (f" With train.resume_config=new: {notes[k]}." if k in notes else ""), fix)
                            for k, (old, new) in other.items()])
     return control, other
 
 
-def record_changes(run_dir: Path, checkpoint: Path, changes: dict[str, tuple[Any, Any]], how: str) -> None:
-    """Append one line to ``config_changes.jsonl`` and say it on stderr."""
+def record_changes(run_dir: Path, checkpoint: Path, changes: dict[str, tuple[Any, Any]], how: str,
+                   notes: dict[str, str] | None = None) -> None:
+    """Append one line to ``config_changes.jsonl`` and say it on stderr, with what a change does (``notes``)."""
     if not changes:
         return
+    notes = {k: v for k, v in (notes or {}).items() if k in changes}
     record = {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "resumed_from": str(checkpoint), "how": how,
-              "changes": {k: {"old": old, "new": new} for k, (old, new) in changes.items()}}
+              "changes": {k: {"old": old, "new": new, **({"note": notes[k]} if k in notes else {})}
+                          for k, (old, new) in changes.items()}}
     with open(run_dir / "config_changes.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(record, default=str) + "\n")
     listed = ", ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in changes.items())
     print(f"resume: config changed since {checkpoint.name} ({how}): {listed}; recorded in "
           f"{run_dir / 'config_changes.jsonl'}", file=sys.stderr, flush=True)
+    for key, note in notes.items():
+        print(f"resume: {key}: {note}", file=sys.stderr, flush=True)
 
 
 def check_config(cfg, checkpoint: Path, run_dir: Path, *, record: bool, command: str = "train") -> bool:
@@ -199,11 +228,13 @@ def check_config(cfg, checkpoint: Path, run_dir: Path, *, record: bool, command:
     constant = t.lr_scheduler == "constant" if command == "train" else True  # sft's schedule is constant
     old_rank = changes.get("model.lora.rank", (cfg.model.lora.rank,))[0]
     uses_lora = cfg.model.lora.rank > 0 or (isinstance(old_rank, int) and old_rank > 0)
+    notes = change_notes(changes, cfg, command)
     control, other = check_config_changes(changes, checkpoint=checkpoint, source=source, apply=t.resume_config == "new",
                                           constant_lr=constant, command=command,
-                                          fixed=LORA_FIXED if uses_lora else frozenset())
+                                          fixed=LORA_FIXED if uses_lora else frozenset(), notes=notes)
     if record:
-        record_changes(run_dir, checkpoint, {**control, **other}, "train.resume_config=new" if other else "run control")
+        record_changes(run_dir, checkpoint, {**control, **other}, "train.resume_config=new" if other else "run control",
+                       notes)
     return bool(other)
 
 

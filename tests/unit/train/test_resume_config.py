@@ -4,6 +4,8 @@ another port must not block ``train.resume=true``; switching between a colocated
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from mmgpg.config import resolve, to_yaml
@@ -43,3 +45,30 @@ def test_provenance_is_still_refused(tmp_path):
     cfg = resolve([*SERVER, "rollout.temperature=0.5"], validate_config=False).config
     with pytest.raises(ConfigError, match="rollout.temperature"):
         check_config(cfg, checkpoint, tmp_path / "run", record=False)
+
+
+@pytest.mark.parametrize("extra, says", [
+    ([], "nothing this run computes reads the new path"),
+    (["algo.kl_coef=0.04"], "only the KL reference"),
+    (["model.lora.rank=8"], "base model under the saved LoRA adapter"),
+])
+def test_a_new_model_path_says_what_it_changes(tmp_path, extra, says, capsys):
+    """A new model.name_or_path does not replace the trained weights: the refusal, the stderr line and the record in
+    config_changes.jsonl say what it does change (the KL reference, a LoRA adapter's base, or nothing)."""
+    checkpoint = _checkpoint(tmp_path, ["model=tiny", *extra])
+    moved = ["model=tiny", *extra, "model.name_or_path=/models/other"]
+    with pytest.raises(ConfigError, match=says):
+        check_config(resolve(moved, validate_config=False).config, checkpoint, tmp_path / "run", record=False)
+    cfg = resolve([*moved, "train.resume_config=new"], validate_config=False).config
+    assert check_config(cfg, checkpoint, tmp_path / "run", record=True) is True
+    assert says in capsys.readouterr().err
+    record = json.loads((tmp_path / "run" / "config_changes.jsonl").read_text())
+    assert says in record["changes"]["model.name_or_path"]["note"]
+
+
+def test_other_changes_carry_no_note(tmp_path):
+    checkpoint = _checkpoint(tmp_path, ["model=tiny"])
+    cfg = resolve(["model=tiny", "rollout.temperature=0.5", "train.resume_config=new"], validate_config=False).config
+    check_config(cfg, checkpoint, tmp_path / "run", record=True)
+    record = json.loads((tmp_path / "run" / "config_changes.jsonl").read_text())
+    assert record["changes"] == {"rollout.temperature": {"old": 1.0, "new": 0.5}}
