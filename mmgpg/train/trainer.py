@@ -124,7 +124,6 @@ class Trainer:
         self.sampling = Sampling.from_config(cfg.rollout)
         # the algorithm's functions with their hyper-parameters bound once
         self.objective = Objective(cfg.algo, cfg.rollout.max_new_tokens, self.policy.eos_token_ids)
-        self._padding = (0, 0)  # (computed, padded) token positions of the last update's forwards
         self._spare: list[Group] = []  # a group of the last rollout: DeepSpeed's padding on a rank without groups
         if checkpoint is not None:
             self._resume(checkpoint)
@@ -222,7 +221,6 @@ class Trainer:
         chunks = [forwarded[i : i + mb] for i in range(0, len(forwarded), mb)]
         micro = [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32), 1.0)
                  for c in chunks]
-        self._padding = tuple(map(sum, zip((0, 0), *(padding_counts(r, packed=self.packed) for r, _, _ in micro))))
         most = distributed.all_max(len(micro), self.backend.comm_device) if self.backend.equal_micro_batches else 0
         spare = groups[:1] or self._spare  # drop_zero_variance: a rank may hold no group at all
         pad = (self._collate(spare), torch.zeros(self.cfg.rollout.group_size), 0.0) if most > len(micro) else None
@@ -333,8 +331,10 @@ class Trainer:
                 self.engine.sync_weights(self.backend.full_weights(self.engine.weights_dtype))
         sync_s = time.perf_counter() - t0
         self.policy.model.eval()
+        # (computed, padded) token positions of the forwards; DeepSpeed's weight-0 filler micro-batches not counted
+        positions = [padding_counts(r, packed=self.packed) for r, _, weight in micro if weight]
         policy_total, kl_total, computed, padding = distributed.all_sum(
-            [policy_total, kl_total, *self._padding], self.backend.comm_device)
+            [policy_total, kl_total, *map(sum, zip((0, 0), *positions))], self.backend.comm_device)
         return {"loss/policy": policy_total, "loss/kl": kl_total, "grad_norm": grad_norm, "time/sync": sync_s,
                 "update/padding_fraction": padding / max(computed, 1.0), **checked}
 
