@@ -35,6 +35,18 @@ OFFLOAD_KEYS = {"offload_optimizer": "train.offload_optimizer", "offload_param":
 INSTALL_HINT = "pip install 'mmgpg[deepspeed]'"
 
 
+def planned_offload(train) -> str:
+    """The offload a training config (``train.*``) asks for, in the memory planner's names (``mmgpg.backends.memory
+    .OFFLOADS``): "none" off DeepSpeed. The planner models parameter offload only together with optimizer offload, so
+    ``train.offload_params`` alone is a ValueError (``mmgpg plan --offload`` can still say what to plan for)."""
+    if train.backend != "deepspeed":
+        return "none"
+    if train.offload_params and not train.offload_optimizer:
+        raise ValueError("the planner models parameter offload only together with optimizer offload "
+                         "(train.offload_params=true, train.offload_optimizer=false); mmgpg plan --offload chooses what to plan for")
+    return "optimizer+params" if train.offload_params else "optimizer" if train.offload_optimizer else "none"
+
+
 def derive(zero_stage: int, offload_optimizer: bool, offload_params: bool, max_grad_norm: float,
            bf16: bool) -> tuple[dict[str, Any], dict[str, str]]:
     """The DeepSpeed config mmgpg needs, and for each of its leaf keys (dotted) the mmgpg key it comes from.

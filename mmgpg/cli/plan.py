@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from mmgpg.backends import BACKENDS
+from mmgpg.backends.deepspeed_config import planned_offload
 from mmgpg.backends.memory import GIB, OFFLOADS, Plan, model_shape, plan_memory
 from mmgpg.cli.common import add_config_args, float_in, int_in
 
@@ -135,14 +136,7 @@ def backend_setup(cfg, args) -> tuple[str, int, str]:
     backend = args.backend or t.backend
     deepspeed = backend == "deepspeed"
     stage = args.zero_stage if args.zero_stage is not None else (t.zero_stage if deepspeed else 0)
-    offload = args.offload
-    if offload is None:
-        use = deepspeed and t.backend == "deepspeed"
-        if use and t.offload_params and not t.offload_optimizer:
-            raise ValueError("the planner models parameter offload only together with optimizer offload "
-                             "(train.offload_params=true, train.offload_optimizer=false): pass --offload explicitly")
-        offload = ("optimizer+params" if use and t.offload_params else "optimizer" if use and t.offload_optimizer
-                   else "none")
+    offload = args.offload if args.offload is not None else planned_offload(t) if deepspeed else "none"
     return backend, stage, offload
 
 

@@ -377,6 +377,33 @@ def test_backend_stage_and_offload_default_to_the_train_keys(config_dirs, capsys
     assert (setup["backend"], setup["zero_stage"], setup["offload"]) == ("deepspeed", 2, "none")
     setup = json.loads(run(base, capsys)[1])["setup"]  # the default config: plain
     assert (setup["backend"], setup["zero_stage"], setup["offload"]) == ("plain", 0, "none")
+    # Parameter offload alone is not a setup the planner models: refused with what to do, unless --offload says.
+    params_only = [*base, "train.backend=deepspeed", "train.zero_stage=3", "train.offload_params=true"]
+    code, _, err = run(params_only, capsys)
+    assert code == 2 and "only together with optimizer offload" in err and "--offload" in err
+    setup = json.loads(run([*params_only, "--offload", "optimizer+params"], capsys)[1])["setup"]
+    assert setup["offload"] == "optimizer+params"
+
+
+def test_a_training_run_plans_with_its_own_backend_keys(config_dirs):
+    """The first metrics record's plan/* (train.runlog.planned_memory) uses the same backend, stage and offload as
+    `mmgpg plan` would for the config; a setup the planner does not model gives no plan and a note, not a wrong one."""
+    from mmgpg.config import resolve
+    from mmgpg.train.runlog import planned_memory
+
+    base = ["model=qwen2_5_vl_7b", f"model.name_or_path={config_dirs['7b']}", "train.backend=deepspeed",
+            "train.zero_stage=3"]
+    notes: list[str] = []
+    cpu = torch.device("cpu")
+    plain = planned_memory(resolve(base[:2], validate_config=False).config, cpu, 8, notes.append)
+    zero3 = planned_memory(resolve(base, validate_config=False).config, cpu, 8, notes.append)
+    offloaded = planned_memory(resolve([*base, "train.offload_optimizer=true"], validate_config=False).config, cpu, 8,
+                               notes.append)
+    assert plain["plan/persistent_mib"] > zero3["plan/persistent_mib"] > offloaded["plan/persistent_mib"] > 0
+    assert notes == []
+    params_only = resolve([*base, "train.offload_params=true"], validate_config=False).config
+    assert planned_memory(params_only, cpu, 8, notes.append) == {}
+    assert len(notes) == 1 and "only together with optimizer offload" in notes[0]
 
 
 # ---- the rollout engine: vLLM's share of each GPU ------------------------------------------------------------------
