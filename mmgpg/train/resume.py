@@ -171,9 +171,9 @@ def check_config_changes(changes: dict[str, tuple[Any, Any]], *, checkpoint: Pat
     unless ``apply``. ``train.max_steps`` is run control only under a constant learning rate (otherwise the schedule's
     length changes). A change of a key in ``fixed`` cannot be applied and is refused even with ``apply``. ``notes``
     (:func:`change_notes`) say in the refusal what a change would do."""
-    notes = notes or {}
     from mmgpg.typed import ConfigError, Problem
 
+    notes = notes or {}
     run_control = RUN_CONTROL if command == "train" else SFT_RUN_CONTROL
     steps = f"{command}.max_steps"
     control = {k: v for k, v in changes.items()

@@ -226,6 +226,12 @@ class Trainer:
         pad = (self._collate(spare), torch.zeros(self.cfg.rollout.group_size), 0.0) if most > len(micro) else None
         return micro + [pad] * (int(most) - len(micro)) if pad else micro
 
+    def padding_positions(self, micro) -> tuple[int, int]:
+        """(computed, padded) token positions of this rank's forwards over ``micro`` (:meth:`_micro_batches`), for
+        ``update/padding_fraction``; DeepSpeed's weight-0 filler micro-batches are not counted."""
+        computed, padded = zip((0, 0), *(padding_counts(r, packed=self.packed) for r, _, weight in micro if weight))
+        return sum(computed), sum(padded)
+
     def _backward(self, micro, counts: StepCounts, old, ref, diff: LogprobDiff | None = None) -> tuple[float, float]:
         """Backward of this rank's micro-batches (loss = (α · Σ policy + kl_coef · Σ KL) / global denominator), then
         the gradients summed over ranks. Returns this rank's (policy, KL) loss parts. ``diff`` collects the post-sync
@@ -331,10 +337,8 @@ class Trainer:
                 self.engine.sync_weights(self.backend.full_weights(self.engine.weights_dtype))
         sync_s = time.perf_counter() - t0
         self.policy.model.eval()
-        # (computed, padded) token positions of the forwards; DeepSpeed's weight-0 filler micro-batches not counted
-        positions = [padding_counts(r, packed=self.packed) for r, _, weight in micro if weight]
         policy_total, kl_total, computed, padding = distributed.all_sum(
-            [policy_total, kl_total, *map(sum, zip((0, 0), *positions))], self.backend.comm_device)
+            [policy_total, kl_total, *self.padding_positions(micro)], self.backend.comm_device)
         return {"loss/policy": policy_total, "loss/kl": kl_total, "grad_norm": grad_norm, "time/sync": sync_s,
                 "update/padding_fraction": padding / max(computed, 1.0), **checked}
 

@@ -277,7 +277,7 @@ def test_packed_text_update_has_the_reference_gradient_and_no_padding(tiny_text_
         want = reference_gradient(trainer, groups, [gpg_advantages(g.rewards) for g in groups], alpha=ALPHA,
                                   aggregation="seq_mean_token_mean")
         assert relative_error(trainer_gradient(trainer, groups), want) < TOL
-        computed, padding = trainer._padding
+        computed, padding = trainer.padding_positions(trainer._micro_batches(groups))
         trained = [g for g in groups if not g.zero_variance]  # group 2 (all rewards 1) is not forwarded
         real = sum(len(c) for g in trained for c in g.completion_ids)
         real += sum(4 * len(trainer.policy.encode_prompts([trainer.task.prompt(g.example)]).input_ids[0])
