@@ -93,8 +93,12 @@ def _gradient_worker(rank: int, world: int, init_file: str, model_dir: str, out:
         grads = trainer.backend.full_gradients()  # collective under ZeRO-3
         reference_partitioned = trainer.reference is not None and all(
             getattr(p, "ds_numel", None) is not None and p.numel() == 0 for p in trainer.reference.model.parameters())
+        from mmgpg.rollout.collect import padding_counts
+
         torch.save({"grad": grads, "micro": [w for _, _, w in micro], "alpha": counts.alpha,
-                    "reference_partitioned": reference_partitioned}, f"{out}/rank{rank}.pt")
+                    "reference_partitioned": reference_partitioned,
+                    "positions": trainer.padding_positions(micro),  # what update/padding_fraction sums over ranks
+                    "each": [padding_counts(r, packed=trainer.packed) for r, _, _ in micro]}, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -113,9 +117,14 @@ def test_zero_gradient_equals_plain_and_reference(tiny_dirs, tmp_path, stage, al
         # The uneven split: rank 1 forwards one informative group and pads with one zero-weight micro-batch.
         assert rank0["micro"] == [1.0, 1.0] and rank1["micro"] == [1.0, 0.0]
         assert rank0["alpha"] == rank1["alpha"] == ALPHA
+        # update/padding_fraction counts the positions of real micro-batches only, not the filler's (which has some)
+        assert rank1["each"][1][0] > 0 and rank1["positions"] == rank1["each"][0]
     else:
         assert rank0["micro"] == rank1["micro"] == [1.0, 1.0] and rank0["alpha"] == 1.0
         assert rank0["reference_partitioned"] and rank1["reference_partitioned"]
+    for r in (rank0, rank1):
+        if 0.0 not in r["micro"]:
+            assert r["positions"] == tuple(map(sum, zip(*r["each"])))
     for k in rank0["grad"]:
         assert torch.equal(rank0["grad"][k], rank1["grad"][k]), f"ranks hold different gradients at {k}"
 
