@@ -51,6 +51,7 @@ def _worker(rank: int, world: int, init: str, out: str, setup: str, steps: int, 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
     from mmgpg.config import resolve
+    from mmgpg.models.batch import join_vision
     from mmgpg.train.trainer import Trainer
 
     trainer = Trainer(resolve([*ARGS, *SETUPS[setup], f"train.max_steps={steps}", f"output_dir={out}/run"]))
@@ -65,8 +66,7 @@ def _worker(rank: int, world: int, init: str, out: str, setup: str, steps: int, 
         examples = [trainer.dataset[i] for i in range(prompts)]
         batch = policy.encode_prompts([trainer.task.prompt(e) for e in examples]).to(trainer.device)
         kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                      mm_token_type_ids=batch.mm_token_type_ids, pixel_values=batch.pixel_values,
-                      image_grid_thw=batch.image_grid_thw,
+                      mm_token_type_ids=batch.mm_token_type_ids, **join_vision(batch.vision),
                       **{**policy.sampling_kwargs(max_new_tokens=new_tokens, temperature=0.0),
                          "min_new_tokens": new_tokens})
         policy.model.eval()

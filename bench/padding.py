@@ -43,7 +43,7 @@ def synthetic_groups(n_prompts: int, group_size: int, median: int, max_new: int,
         prompt_len = int(torch.randint(40, 201, (1,), generator=g))
         prompts = PromptBatch(torch.randint(10, vocab, (1, prompt_len), generator=g),
                               torch.ones(1, prompt_len, dtype=torch.long), torch.zeros(1, prompt_len, dtype=torch.long),
-                              None, None, [0], [""])
+                              [{}], [[]], [""])
         typical = median * float(torch.empty(1).log_normal_(0, 0.6, generator=g))
         lengths = [max(1, min(max_new, int(typical * float(torch.empty(1).log_normal_(0, 0.5, generator=g)))))
                    for _ in range(group_size)]

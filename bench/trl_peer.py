@@ -8,7 +8,7 @@ Performance is measured here, never asserted in tests.
 What is shared. The script builds the ~1 M-parameter tiny Qwen2-VL once (:func:`mmgpg.models.tiny.build_and_save`, random
 init, offline) into a temporary directory; both sides load that directory. Both train on the first ``--num-prompts``
 items (default ``steps x P``) of the ``shapes`` train split (:class:`mmgpg_tasks.shapes.ShapesTask`) and see the same
-prompts in the same order: the TRL dataset is laid out in mmgpg's :class:`mmgpg.train.stream.PromptStream` order and TRL does
+prompts in the same order: the TRL dataset is laid out in mmgpg's :class:`mmgpg.rollout.stream.PromptStream` order and TRL does
 not shuffle it (the ids each side used are recorded and checked equal). Both use P prompts x G completions per
 optimizer step, at most ``--max-new-tokens`` new tokens, lr 1e-4 constant without warmup, AdamW (torch, not fused,
 weight decay 0), gradient clipping at 1.0, float32, temperature 1, top_p 1, top_k 0, the five vision special tokens
@@ -102,7 +102,7 @@ def _other_load(start: tuple[float, float, float]) -> float:
 
 def prompt_order(num_prompts: int, prompts_per_step: int, steps: int, seed: int) -> list[int]:
     """Item indices in the order mmgpg's single-rank prompt stream draws them (one draw per step, no resampling)."""
-    from mmgpg.train.stream import PromptStream
+    from mmgpg.rollout.stream import PromptStream
 
     stream = PromptStream(num_prompts, seed)
     return [i for _ in range(steps) for i in stream.next(prompts_per_step)]

@@ -87,15 +87,15 @@ def main() -> None:
     from mmgpg.config import Config
     from mmgpg.models.load import load_policy
     from mmgpg.models.save import policy_weights
-    from mmgpg.rollout.engine import build_engine
+    from mmgpg.rollout.engine import EngineSettings, build_engine
 
     policy = load_policy("tiny", dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu",
                          max_prompt_length=1024)
     cfg = Config()
     cfg.rollout.max_new_tokens = max(int(s.split("x")[2]) for s in args.shapes)
     t0 = time.perf_counter()
-    engines = {"hf": build_engine("hf", policy, cfg)}
-    engines["vllm"] = build_engine("vllm", policy, cfg)
+    engines = {"hf": build_engine("hf", policy, EngineSettings.from_config(cfg))}
+    engines["vllm"] = build_engine("vllm", policy, EngineSettings.from_config(cfg))
     result = {"vllm_engine_start_s": time.perf_counter() - t0, "threads": args.threads, "throughput": {}}
     for shape in args.shapes:
         p, g, n = (int(x) for x in shape.split("x"))

@@ -70,7 +70,7 @@ def main() -> None:
     from mmgpg.config import resolve
     from mmgpg.models.load import load_policy
     from mmgpg.models.save import policy_weights
-    from mmgpg.rollout.engine import Sampling, build_engine
+    from mmgpg.rollout.engine import EngineSettings, Sampling, build_engine
 
     tmp = Path(tempfile.mkdtemp(prefix="mmgpg_bench_sync_"))
     model = build_model(tmp, args.hidden, args.layers)
@@ -84,7 +84,7 @@ def main() -> None:
             cfg = resolve([f"model.name_or_path={model}", "model.dtype=float32", "model.max_prompt_length=256",
                            "rollout.engine=vllm", f"rollout.vllm_server={url}", f"rollout.vllm_sync_channel={channel}",
                            f"rollout.vllm_sync_bucket_mb={args.bucket_mb}", "rollout.max_new_tokens=16"]).config
-            engines[channel] = build_engine("vllm", policy, cfg)  # the untimed first sync (opens the channel)
+            engines[channel] = build_engine("vllm", policy, EngineSettings.from_config(cfg))  # the untimed first sync (opens the channel)
         seconds: dict[str, list[float]] = {c: [] for c in engines}
         buckets: dict[str, int] = {}
         for _ in range(args.repeats):

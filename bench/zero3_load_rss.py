@@ -4,7 +4,7 @@ whole model on every rank then partitioned by ``deepspeed.initialize`` (what mmg
 (what the trainer does now).
 
 The model has Qwen2-VL-2B-Instruct's widths (vocabulary 151,936, hidden 1536, FFN 8960, vision 1280/5120, tied
-embeddings: :data:`mmgpg.models.tiny.SHAPE_TRUE`) with ``--layers`` language layers and ``--vision-depth`` vision
+embeddings: :data:`mmgpg.models.qwen2.SHAPE_TRUE`) with ``--layers`` language layers and ``--vision-depth`` vision
 blocks, randomly initialised and saved in bfloat16 like the hub checkpoint; the ranks load it in float32 (DeepSpeed on
 CPU keeps float32 weights). Each way runs in fresh processes (2 ranks, gloo, 1 thread each), one after the other in
 one session; per rank it records the RSS before loading (after importing and initialising DeepSpeed), the peak RSS
@@ -44,8 +44,9 @@ def build(out: Path, layers: int, vision_depth: int) -> tuple[Path, int]:
     from transformers import Qwen2VLForConditionalGeneration
 
     from mmgpg.models import tiny
+    from mmgpg.models.qwen2 import SHAPE_TRUE
 
-    dims = dataclasses.replace(tiny.SHAPE_TRUE["qwen2_vl"], text_layers=layers, vision_depth=vision_depth)
+    dims = dataclasses.replace(SHAPE_TRUE["qwen2_vl"], text_layers=layers, vision_depth=vision_depth)
     tokenizer = tiny.build_tokenizer(0)
     processor = tiny.build_processor("qwen2_vl", tokenizer)
     torch.manual_seed(0)

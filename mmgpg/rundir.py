@@ -68,7 +68,7 @@ def read_config_tree(path: str | Path) -> dict | None:
 
 
 def read_config(path: str | Path, *, overrides: list[str] = (), lenient: bool = False, use_task: bool = True):
-    """A run's ``config.yaml`` (or the run directory holding it) → ``(Config, ignored keys)``, validated, with
+    """A run's ``config.yaml`` (or the run directory holding it) → ``(Config, ignored keys, task)``, validated, with
     ``a.b=value`` field overrides applied (a group such as ``task=...`` cannot be swapped under a finished run).
     ``lenient``: keys this mmgpg version does not have (a run made by an older version) are ignored and named
     instead of being an error. Every other problem is one :class:`mmgpg.config.ConfigError`.
@@ -77,9 +77,10 @@ def read_config(path: str | Path, *, overrides: list[str] = (), lenient: bool = 
     else: it is never imported on the run's word. ``use_task`` (the caller runs the task): the user must name it
     in ``overrides`` (``task=path.py:Class``, the run's own file and class), else the read is refused with the
     argument to add. ``use_task=False`` (the caller only reads the run): the task is not looked up at all. An
-    installed task (a ``mmgpg.tasks`` entry point) is the user's own code and is checked as usual."""
+    installed task (a ``mmgpg.tasks`` entry point) is the user's own code and is checked as usual. ``task`` is the
+    task built while checking it (the caller's, built once), or None when it was not looked up."""
     from mmgpg.config import Config, ConfigError, Problem, apply_override, check, from_dict
-    from mmgpg.task import is_task_file, same_task
+    from mmgpg.task import checked_task, is_task_file, same_task
 
     path = Path(path)
     if path.is_dir():
@@ -113,10 +114,14 @@ def read_config(path: str | Path, *, overrides: list[str] = (), lenient: bool = 
             problems.append(Problem("task.name", task, f"{path} names a task file. mmgpg does not import code named "
                                     "by a run directory (it may come from someone else).",
                                     f"read that file; to run it, name it yourself: add task={task} to the command."))
-    problems = [p for p in problems if p.key not in ignored] + check(cfg, task=check_task)
+    problems = [p for p in problems if p.key not in ignored] + check(cfg, task=False)
+    built = None
+    if check_task:
+        built, task_problems = checked_task(cfg.task.name, cfg.task.options)
+        problems += task_problems
     if problems:
         raise ConfigError(problems)
-    return cfg, ignored
+    return cfg, ignored, built
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -334,85 +339,20 @@ def _safe_load(path: Path, mmap: bool = False, **kwargs) -> Any:
     return safe_load(path, mmap=mmap, **kwargs)
 
 
-def verify_engine_dir(engine: Path, world_size: int | None = None, zero_stage: int | None = None) -> None:
-    """DeepSpeed's ``engine/``: it holds model states, and every file in it (but DeepSpeed's two conversion scripts)
-    loads with ``weights_only=True`` and :data:`mmgpg.backends.deepspeed_state.ENGINE_SAFE_GLOBALS`. Without
-    DeepSpeed installed (a checkpoint read for evaluation elsewhere) the pickles' globals are listed instead of
-    loaded: still nothing is unpickled.
-
-    With the run's ``world_size`` and ``zero_stage`` (from the marker and ``trainer_state.pt``), also what
-    DeepSpeed's load will read (:func:`engine_files`): every rank's file is there, and each holds its part (model
-    states a ``module``, optimizer states an ``optimizer_state_dict``). A checkpoint that fails is skipped like any
-    damaged one, before DeepSpeed sees it (a missing or emptied file made DeepSpeed's load raise mid-resume)."""
-    if not engine.is_dir():
-        raise CheckpointError("engine/ (DeepSpeed's optimizer state) is missing")
-    from mmgpg.backends.deepspeed_state import ENGINE_SAFE_GLOBALS, ENGINE_SCRIPTS, engine_safe_globals
-
-    files = sorted(p for p in engine.rglob("*")
-                   if p.is_file() and not (p.parent == engine and p.name in ENGINE_SCRIPTS))
-    if not any(p.name.endswith("model_states.pt") for p in files):
-        raise CheckpointError("engine/ holds no DeepSpeed model states (*model_states.pt)")
-    expected = engine_files(engine, world_size, zero_stage) if world_size is not None and zero_stage is not None else {}
-    for path, alternatives in expected.items():
-        if not any(p.is_file() for p in alternatives):
-            raise CheckpointError(f"engine/{path} is missing (DeepSpeed's load reads one such file per rank for ZeRO "
-                                  f"stage {zero_stage} on {world_size} rank(s))")
-    try:
-        allow = engine_safe_globals()
-    except ImportError:
-        allow = None
-    for path in files:
-        label = f"engine/{path.relative_to(engine)}"
-        if allow is not None:
-            content = _safe_load(path, mmap=True, allow=allow, label=label)
-            need = ("module" if path.name.endswith("model_states.pt") else
-                    "optimizer_state_dict" if path.name.endswith("optim_states.pt") else None)
-            if need is not None and expected and not (isinstance(content, dict) and need in content):
-                raise CheckpointError(f"{label} holds no {need!r} (not one of DeepSpeed's state files, or emptied)")
-            continue
-        import torch
-
-        try:
-            unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path)) - set(ENGINE_SAFE_GLOBALS)
-        except Exception as err:  # noqa: BLE001 - not a torch zip file, truncated, ...
-            raise CheckpointError(f"{label} is unreadable ({type(err).__name__}: {str(err)[:200]})") from None
-        if unsafe:
-            raise CheckpointError(f"{label} holds Python objects other than tensors and plain data "
-                                  f"({', '.join(sorted(unsafe))}); mmgpg does not unpickle those (they can run code)")
-
-
-def engine_files(engine: Path, world_size: int, zero_stage: int) -> dict[str, list[Path]]:
-    """The files DeepSpeed's ``load_checkpoint(engine, tag="state")`` reads, as ``{name: [paths, any one will
-    do]}`` (DeepSpeed 0.19's names): the model states — one ``mp_rank_00_model_states.pt``, or under ZeRO-3 one
-    ``zero_pp_rank_R_mp_rank_00_model_states.pt`` per rank — and from stage 1 on one optimizer partition per rank,
-    ``zero_pp_rank_R_mp_rank_00_optim_states.pt`` (``bf16_``-prefixed when bf16 is on)."""
-    state = engine / "state"
-    out: dict[str, list[Path]] = {}
-    if zero_stage == 3:
-        for r in range(world_size):
-            out[f"state/zero_pp_rank_{r}_mp_rank_00_model_states.pt"] = [
-                state / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt"]
-    else:
-        out["state/mp_rank_00_model_states.pt"] = [state / "mp_rank_00_model_states.pt"]
-    if zero_stage >= 1:
-        for r in range(world_size):
-            name = f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
-            out[f"state/{name}"] = [state / name, state / f"bf16_{name}"]
-    return out
-
-
 def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
-    """Check ``checkpoint`` without loading the model: the marker, every rank's RNG file, the trainer state and
-    DeepSpeed's ``engine/`` files load (safely), and ``policy/`` has a readable ``config.json`` and intact safetensors
-    headers. Returns the marker."""
+    """Check ``checkpoint`` without loading the model: the marker, every rank's RNG file, the trainer state and the
+    backend's own files (each registered backend's ``verify_checkpoint`` fact: DeepSpeed's ``engine/``) load
+    (safely), and ``policy/`` has a readable ``config.json`` and intact safetensors headers. Returns the marker."""
     meta = _read_marker(checkpoint)
     state = _safe_load(checkpoint / "trainer_state.pt", mmap=True)
     if not isinstance(state, dict) or not {"optimizer", "scheduler", "stream", "counters"} <= set(state):
         raise CheckpointError("trainer_state.pt lacks the optimizer, scheduler, stream or counters")
-    if "deepspeed" in state or (checkpoint / "engine").exists():  # train.backend=deepspeed
-        ds = state.get("deepspeed")
-        stage = int(ds["zero_stage"]) if isinstance(ds, dict) and isinstance(ds.get("zero_stage"), int) else None
-        verify_engine_dir(checkpoint / "engine", meta["world_size"] if stage is not None else None, stage)
+    from mmgpg.backends import BACKENDS
+
+    for name in BACKENDS:  # each backend checks its own files (DeepSpeed: engine/), when the checkpoint has them
+        hook = BACKENDS.facts(name).get("verify_checkpoint")
+        if hook is not None:
+            hook(checkpoint, state, meta["world_size"])
     for rank in range(meta["world_size"]):
         rng = _safe_load(checkpoint / f"rng_rank{rank}.pt")
         if not isinstance(rng, dict) or not {"python", "numpy", "torch"} <= set(rng):

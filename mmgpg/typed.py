@@ -86,6 +86,41 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            why: str = "") -> Any:
+    """A dataclass field with ``default`` and a range, checked by :func:`range_problems`: ``>= ge``, ``> gt``,
+    ``<= le``; ``why`` replaces the generic reason in the message."""
+    return dataclasses.field(default=default, metadata={"range": (ge, gt, le), "why": why})
+
+
+def range_problems(obj: Any, prefix: str = "") -> list[Problem]:
+    """Every value of the dataclass ``obj`` (and of its dataclass sections) outside the range its field declares
+    (:func:`bounded`): one loop over the fields, one message shape (the key, the value, the rule, the default).
+
+    >>> @dataclass
+    ... class S:
+    ...     n: int = bounded(1, ge=1)
+    >>> [p.why for p in range_problems(S(n=0), "s.")]
+    ['It must be >= 1.']
+    """
+    out: list[Problem] = []
+    for f in dataclasses.fields(obj):
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            out += range_problems(value, key + ".")
+            continue
+        if "range" not in f.metadata or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        ge, gt, le = f.metadata["range"]
+        rules = [(ge is None or value >= ge, f">= {ge}"), (gt is None or value > gt, f"> {gt}"),
+                 (le is None or value <= le, f"<= {le}")]
+        rule = " and ".join(text for ok, text in rules if text.split()[-1] != "None")
+        if not all(ok for ok, _ in rules):
+            out.append(Problem(key, value, f.metadata["why"] or f"It must be {rule}.",
+                               f"set {key}={f.default} (the default), or another value {rule}."))
+    return out
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # dict <-> dataclass with type checks
 # --------------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ addition of pairs the model never saw, not recall. Items are a pure function of 
 
 A record (``split="test"``, index 0, seed 0) looks like::
 
-    Example(id="arith-test-0", images=[], question="What is 97 + 70? Output the thinking process in <think> </think>
+    Example(id="arith-test-0", media=[], question="What is 97 + 70? Output the thinking process in <think> </think>
             and final answer (number) in <answer> </answer> tags.", answer=167, meta={"a": 97, "b": 70})
 
 and its gold completion is ``<think>7+0=7 9+7=16</think><answer>167</answer>``.
@@ -121,7 +121,7 @@ class ArithTask(Task):
 
     def example(self, split: str, index: int) -> Example:
         a, b = self.pair(split, index)
-        return Example(id=f"arith-{split}-{index}", images=[], question=QUESTION.format(a=a, b=b), answer=a + b,
+        return Example(id=f"arith-{split}-{index}", media=[], question=QUESTION.format(a=a, b=b), answer=a + b,
                        meta={"a": a, "b": b})
 
     def load(self, split: str) -> Sequence[Example]:
@@ -149,7 +149,7 @@ class ArithTask(Task):
         question = str(record.get("question", ""))
         found = _OPERANDS.search(question)
         meta = {"a": int(found[1]), "b": int(found[2])} if found else {}
-        return Example(id=str(record.get("id", "")), images=[], question=question,
+        return Example(id=str(record.get("id", "")), media=[], question=question,
                        answer=parse_int(str(record["ground_truth"])), meta=meta)
 
     def success(self, completion: str, example: Example, rewards) -> bool:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmgpg.task import Example, image_parts, mathjudge
+from mmgpg.task import Example, mathjudge, media_parts
 from mmgpg.task.data import load_records, open_image
 from mmgpg.task.judged import JudgedTask, require
 from mmgpg.task.judges import Judgement, choice_judge
@@ -94,7 +94,7 @@ class CVBenchTask(JudgedTask):
         require(row, ("image", "answer", "choices", "task", "prompt"), "CV-Bench test data")
         choices = [str(c) for c in row["choices"]]
         return Example(id=str(row.get("idx", f"cv_bench-test-{index}")),
-                       images=[open_image(row["image"], what="CV-Bench image", how_to_get=GET_TEST)],
+                       media=[open_image(row["image"], what="CV-Bench image", how_to_get=GET_TEST)],
                        question=str(row["prompt"]), answer=str(row["answer"]),
                        meta={"choices": choices, "category": str(row["task"])})
 
@@ -105,15 +105,15 @@ class CVBenchTask(JudgedTask):
         image = open_image(row["images"][0], root, what="SAT image", how_to_get=GET_TRAIN)
         question = user.replace("<image>", "")
         options = _sat_options(question)
-        return Example(id=f"sat-train-{index}", images=[image], question=question, answer=str(assistant),
+        return Example(id=f"sat-train-{index}", media=[image], question=question, answer=str(assistant),
                        meta={"choices": options, "solution": f"<answer>{assistant}</answer>"})
 
     def prompt(self, example: Example) -> list[dict]:
         if self.prompt_style == "base":
             text = "<image>" + R1_ZERO.format(question=example.question)
-            return [{"role": "raw", "content": image_parts(example) + [{"type": "text", "text": text}]}]
+            return [{"role": "raw", "content": media_parts(example) + [{"type": "text", "text": text}]}]
         text = example.question + INSTRUCT_SUFFIX
-        return [{"role": "user", "content": image_parts(example) + [{"type": "text", "text": text}]}]
+        return [{"role": "user", "content": media_parts(example) + [{"type": "text", "text": text}]}]
 
     def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
         """``paper`` (``GPG:VisualThinker-R1-Zero/src/open-r1-multimodal/src/open_r1/grpo.py:83-130``): math-verify
@@ -151,7 +151,7 @@ class CVBenchTask(JudgedTask):
 
     def example_from_record(self, record: dict) -> Example:
         require(record, ("id", "ground_truth", "choices", "category"), "CV-Bench predictions")
-        return Example(id=str(record["id"]), images=[], question=str(record.get("question", "")),
+        return Example(id=str(record["id"]), media=[], question=str(record.get("question", "")),
                        answer=str(record["ground_truth"]),
                        meta={"choices": [str(c) for c in record["choices"]], "category": str(record["category"])})
 

@@ -99,13 +99,13 @@ class FineGrainedTask(JudgedTask):
         if split == "train":
             require(row, ("image", "problem", "solution"), f"{self.dataset} training data")
             label = answer_or_whole(row["solution"], dotall=False)
-            return Example(id=f"{self.dataset}-train-{index}", images=[open_image(row["image"])],
+            return Example(id=f"{self.dataset}-train-{index}", media=[open_image(row["image"])],
                            question=str(row["problem"]), answer=label, meta={"solution": row["solution"]})
         require(row, ("image", "class"), f"{self.dataset} test split")
         _, subject, target = DATASETS[self.dataset]
         image = open_image(row["image"], self.image_root, what=f"{self.dataset} test image",
                            how_to_get=self._how_to_get("test"))
-        return Example(id=str(row.get("id", f"{self.dataset}-test-{index}")), images=[image],
+        return Example(id=str(row.get("id", f"{self.dataset}-test-{index}")), media=[image],
                        question="<image>\n" + classification_question(subject, target), answer=str(row["class"]))
 
     def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
@@ -121,7 +121,7 @@ class FineGrainedTask(JudgedTask):
 
     def example_from_record(self, record: dict) -> Example:
         require(record, ("id", "ground_truth"), f"{self.dataset} predictions")
-        return Example(id=str(record["id"]), images=[], question=str(record.get("question", "")),
+        return Example(id=str(record["id"]), media=[], question=str(record.get("question", "")),
                        answer=str(record["ground_truth"]))
 
     def record_fields(self, example: Example) -> dict:

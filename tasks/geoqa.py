@@ -66,12 +66,12 @@ class GeoQATask(JudgedTask):
     def example(self, split: str, index: int, row: dict) -> Example:
         if split == "train":
             require(row, ("image", "problem", "solution"), "GEOQA training data")
-            return Example(id=f"geoqa-train-{index}", images=[open_image(row["image"], what="GEOQA train image")],
+            return Example(id=f"geoqa-train-{index}", media=[open_image(row["image"], what="GEOQA train image")],
                            question=f"{row['problem']}  {SUFFIX}", answer=row["solution"],
                            meta={"ground_truth": answer_or_whole(row["solution"], dotall=False)})
         require(row, ("image_path", "question", "ground_truth"), "GEOQA test prompts")
         image = open_image(row["image_path"], self.image_root, what="GEOQA test image", how_to_get=GET_IMAGES)
-        return Example(id=str(row.get("id", f"geoqa-test-{index}")), images=[image],
+        return Example(id=str(row.get("id", f"geoqa-test-{index}")), media=[image],
                        question=f"{row['question']} {SUFFIX}", answer=row["ground_truth"],
                        meta={"ground_truth": row["ground_truth"]})
 
@@ -90,7 +90,7 @@ class GeoQATask(JudgedTask):
     def example_from_record(self, record: dict) -> Example:
         require(record, ("id", "ground_truth"), "GEOQA predictions")
         gt = str(record["ground_truth"])
-        return Example(id=str(record["id"]), images=[], question=str(record.get("question", "")), answer=gt,
+        return Example(id=str(record["id"]), media=[], question=str(record.get("question", "")), answer=gt,
                        meta={"ground_truth": gt})
 
     def gold_completion(self, example: Example) -> str:

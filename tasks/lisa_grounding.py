@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmgpg.models import QWEN_VL_FAMILIES
 from mmgpg.task import Example, LazyExamples, mathjudge
 from mmgpg.task.data import DataNotFound, open_image
 from mmgpg.task.judged import JudgedTask, require
@@ -49,6 +48,7 @@ R1_SYSTEM = ("A conversation between User and Assistant. The user asks a questio
              "assistant first thinks about the reasoning process in the mind and then provides the user with the "
              "answer. The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> "
              "tags, respectively, i.e., <think> reasoning process here </think><answer> answer here </answer>")
+BOX_FORMATS = ("qwen2_vl", "qwen2_5_vl")  # the families' box conventions: 0-1000 of the image / resized pixels
 GET_DATA = ("Download ReasonSeg (LISA, github.com/dvlab-research/LISA: train/val/test folders of .json + .jpg), and "
             "set task.data_root=/path/to/ReasonSeg.")
 
@@ -87,8 +87,8 @@ class LisaGroundingTask(JudgedTask):
     detection threshold (an mmgpg choice: the anchors define no binary success)."""
 
     def __post_init__(self):
-        if self.box_format not in QWEN_VL_FAMILIES:
-            raise ValueError(f"box_format must be one of {', '.join(QWEN_VL_FAMILIES)}; got {self.box_format!r}")
+        if self.box_format not in BOX_FORMATS:
+            raise ValueError(f"box_format must be one of {', '.join(BOX_FORMATS)}; got {self.box_format!r}")
         if not 0 < self.success_iou <= 1:
             raise ValueError(f"success_iou must be in (0, 1]; got {self.success_iou!r}")
         super().__post_init__()
@@ -138,7 +138,7 @@ class LisaGroundingTask(JudgedTask):
             question, system = TRAIN_TEMPLATE.format(Question=INSTRUCTION.format(sentence=sentence)), None
         else:
             question, system = INSTRUCTION.format(sentence=sentence) + "." + TRAIN_TEMPLATE.format(Question=""), R1_SYSTEM
-        return Example(id=f"{path.stem}-{sentence_index}", images=[image], question=question, answer=list(box),
+        return Example(id=f"{path.stem}-{sentence_index}", media=[image], question=question, answer=list(box),
                        meta={"width": width, "height": height, "system": system, "record": record,
                              "answer_text": self.answer_text(box, width, height)})
 
@@ -204,7 +204,7 @@ class LisaGroundingTask(JudgedTask):
         if len(box) != 4:
             raise ValueError(f"LISA predictions: record {record['id']!r}: ground_truth must be [x1, y1, x2, y2] pixels")
         w, h = int(record["width"]), int(record["height"])
-        return Example(id=str(record["id"]), images=[], question=str(record.get("question", "")), answer=box,
+        return Example(id=str(record["id"]), media=[], question=str(record.get("question", "")), answer=box,
                        meta={"width": w, "height": h, "answer_text": self.answer_text(box, w, h)})
 
     def record_fields(self, example: Example) -> dict:

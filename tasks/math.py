@@ -347,7 +347,7 @@ class _MathTask(JudgedTask):
         require(record, ("id", "ground_truth", "gold_answer", "kind"), f"{self.name} predictions")
         if record["kind"] not in ("latex", "expr"):
             raise DataError(f"{self.name} predictions: record {record['id']!r}: kind must be latex or expr")
-        return Example(id=str(record["id"]), images=[], question=str(record.get("question", "")),
+        return Example(id=str(record["id"]), media=[], question=str(record.get("question", "")),
                        answer=str(record["ground_truth"]),
                        meta={"gold_answer": str(record["gold_answer"]), "kind": record["kind"]})
 
@@ -463,7 +463,7 @@ class MathTask(_MathTask):
         rid = row.get("id", row.get("unique_id", index))
         if recipe.schema == "simplelr":
             prompt, gold = simplelr_fields(row, what)
-            ex = Example(id=f"math-{self.dataset}-{split}-{index}", images=[], question=prompt, answer=gold,
+            ex = Example(id=f"math-{self.dataset}-{split}-{index}", media=[], question=prompt, answer=gold,
                          meta={"raw_prompt": True, "gold_mode": "boxed_answer", "gold_answer": gold,
                                "kind": "latex"})
         else:
@@ -471,7 +471,7 @@ class MathTask(_MathTask):
             solution = row["solution"]
             answer = row.get("answer")
             gold_answer = gold_text(answer, what, rid) if answer is not None else (last_boxed(solution) or "")
-            ex = Example(id=f"math-{self.dataset}-{split}-{index}", images=[], question=row["problem"],
+            ex = Example(id=f"math-{self.dataset}-{split}-{index}", media=[], question=row["problem"],
                          answer=solution,
                          meta={"gold_mode": "solution", "gold_answer": gold_answer, "kind": "latex"})
         if self.reward_protocol == "strict":
@@ -562,7 +562,7 @@ class _BenchmarkTask(_MathTask):
         answer = row.get("answer")
         gold_answer = gold if b.gold == "answer" else (
             gold_text(answer, what, rid) if answer is not None else (last_boxed(gold) or ""))
-        return Example(id=str(row.get("unique_id", row.get("id", f"{self.name}-{index}"))), images=[],
+        return Example(id=str(row.get("unique_id", row.get("id", f"{self.name}-{index}"))), media=[],
                        question=MATH_QUERY_TEMPLATE.format(Question=row[b.question]), answer=gold,
                        meta={"gold_answer": gold_answer, "kind": b.kind})
 

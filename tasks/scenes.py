@@ -13,7 +13,7 @@ to 56×56) with the fine-grained classification prompt and judge; the label is t
 
 A ``scenes`` record (``kind=count_mc``, seed 0, train index 0)::
 
-    Example(id="scenes-count_mc-train-0", images=[<PIL 112x112>], question="How many shapes are in the image?
+    Example(id="scenes-count_mc-train-0", media=[<PIL 112x112>], question="How many shapes are in the image?
             Select from the following choices.\\n(A) 4\\n(B) 3\\n(C) 2\\n(D) 5", answer="(B)",
             meta={"choices": ["4", "3", "2", "5"], "category": "Count"})
 """

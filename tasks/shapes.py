@@ -10,7 +10,7 @@ between items so batches mix image shapes.
 
 A record (``split="train"``, index 0, seed 0) looks like::
 
-    Example(id="shapes-train-0", images=[<PIL 112x112>], question="How many shapes are in the image? ...",
+    Example(id="shapes-train-0", media=[<PIL 112x112>], question="How many shapes are in the image? ...",
             answer=3, meta={"sizes": ..., "kinds": [...]})
 
 Rewards: ``accuracy`` (the ``<answer>`` is exactly the right integer) and ``format``
@@ -27,7 +27,7 @@ from typing import ClassVar
 
 from PIL import Image, ImageDraw
 
-from mmgpg.task import Example, LazyExamples, Task, image_parts
+from mmgpg.task import Example, LazyExamples, Task, media_parts
 from mmgpg.task.rewards import format_reward, integer_accuracy, parse_int
 
 BACKGROUND = (123, 117, 104)
@@ -118,7 +118,7 @@ class ShapesTask(Task):
         image, shapes = draw_scene(rng, width, height, count)
         return Example(
             id=f"shapes-{split}-{index}",
-            images=[image],
+            media=[image],
             question=QUESTION,
             answer=count,
             meta={"kinds": [k for k, _, _ in shapes], "colours": [c for _, c, _ in shapes]},
@@ -132,13 +132,13 @@ class ShapesTask(Task):
         return LazyExamples(sizes[split], lambda index: self.example(split, index))
 
     def prompt(self, example: Example) -> list[dict]:
-        return [{"role": "user", "content": image_parts(example) + [{"type": "text", "text": example.question}]}]
+        return [{"role": "user", "content": media_parts(example) + [{"type": "text", "text": example.question}]}]
 
     def example_from_record(self, record: dict) -> Example:
         """An example from a predictions row (``id``, ``ground_truth``), for ``mmgpg eval --predictions``."""
         if record.get("ground_truth") is None or parse_int(str(record["ground_truth"])) is None:
             raise ValueError(f"shapes predictions: record {record.get('id')!r} needs an integer ground_truth")
-        return Example(id=str(record.get("id", "")), images=[], question=str(record.get("question", QUESTION)),
+        return Example(id=str(record.get("id", "")), media=[], question=str(record.get("question", QUESTION)),
                        answer=parse_int(str(record["ground_truth"])))
 
     def success(self, completion: str, example: Example, rewards) -> bool:

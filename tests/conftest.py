@@ -30,19 +30,32 @@ def _threads():
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
-    """A saved tiny model of each family: {"qwen2_vl": dir, "qwen2_5_vl": dir}."""
+    """A saved tiny model of each vision-language family of the Qwen-VL policy: {"qwen2_vl": dir, ...}
+    (support.families.QWEN_VL)."""
+    from support.families import QWEN_VL
+
     from mmgpg.models.tiny import build_and_save
 
     root = tmp_path_factory.mktemp("tiny")
-    return {fam: build_and_save(root / fam, family=fam) for fam in ("qwen2_vl", "qwen2_5_vl")}
+    return {fam: build_and_save(root / fam, family=fam) for fam in QWEN_VL}
 
 
 @pytest.fixture(scope="session")
-def tiny_text_dir(tmp_path_factory) -> Path:
-    """A saved tiny text-only Qwen2 (Qwen2ForCausalLM with the local tokenizer and a Qwen-style chat template)."""
+def tiny_text_dirs(tmp_path_factory) -> dict[str, Path]:
+    """A saved tiny model of each text-only family (support.families.TEXT): Qwen2ForCausalLM, Qwen3ForCausalLM with
+    the local tokenizer and a Qwen-style chat template."""
+    from support.families import TEXT
+
     from mmgpg.models.tiny import build_and_save
 
-    return build_and_save(tmp_path_factory.mktemp("tiny_text") / "qwen2", family="qwen2")
+    root = tmp_path_factory.mktemp("tiny_text")
+    return {fam: build_and_save(root / fam, family=fam) for fam in TEXT}
+
+
+@pytest.fixture(scope="session")
+def tiny_text_dir(tiny_text_dirs) -> Path:
+    """The tiny text-only Qwen2 (the paper's text family)."""
+    return tiny_text_dirs["qwen2"]
 
 
 @pytest.fixture(scope="session")

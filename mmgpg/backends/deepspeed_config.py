@@ -47,6 +47,11 @@ def planned_offload(train) -> str:
     return "optimizer+params" if train.offload_params else "optimizer" if train.offload_optimizer else "none"
 
 
+def label(zero_stage: int, offload: str) -> str:
+    """How a plan or a log names a DeepSpeed setup: ``deepspeed ZeRO-3 + optimizer offload``."""
+    return f"deepspeed ZeRO-{zero_stage}" + (f" + {offload} offload" if offload != "none" else "")
+
+
 def derive(zero_stage: int, offload_optimizer: bool, offload_params: bool, max_grad_norm: float,
            bf16: bool) -> tuple[dict[str, Any], dict[str, str]]:
     """The DeepSpeed config mmgpg needs, and for each of its leaf keys (dotted) the mmgpg key it comes from.

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmgpg.backends.engine_memory import VLLM_MARGIN_GIB, engine_plan
+from mmgpg.backends.model_shape import VISION_FIELDS, ModelShape, model_shape  # noqa: F401 (model_shape: the planner's API)
 
 GIB = 2**30
 OFFLOADS = ("none", "optimizer", "optimizer+params")
@@ -34,92 +35,6 @@ OFFLOADS = ("none", "optimizer", "optimizer+params")
 # bf16 GPU with model.dtype=auto: mmgpg/train/trainer.py), "fp32" = everything fp32, "bf16" = 16-bit weights, no autocast
 # (model.dtype=bfloat16/float16, and DeepSpeed's bf16 mode with fp32 master weights inside the optimizer).
 PRECISIONS = ("autocast", "fp32", "bf16")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the planner needs from a model: counts from the meta model, sizes from its config."""
-
-    family: str  # qwen2_vl | qwen2_5_vl | qwen2 (the model_type)
-    params: int  # tied weights once
-    vision_params: int  # a text-only model: 0, and every vision_* / patch field below is 0
-    largest_layer_params: int  # DeepSpeed's definition: most parameters owned directly by one module
-    vocab: int
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vision_depth: int
-    vision_hidden: int
-    vision_intermediate: int
-    patch_size: int
-    temporal_patch_size: int
-    lora_rank: int = 0  # model.lora.rank the LoRA counts below were made for (0: full fine-tuning)
-    lora_params: int = 0  # adapter parameters plus trained copies of model.lora.trainable_modules
-    lora_vision: bool = False  # gradients reach the vision tower (adapters or trained modules there)
-    lora_head: bool = False  # the output head is trained (trainable_modules)
-
-    @property
-    def has_vision(self) -> bool:
-        """False for a text-only model: the plan then has no vision terms (activations, images, patches)."""
-        return self.vision_depth > 0
-
-
-# The ModelShape fields that describe the vision tower (left out of a text-only model's plan).
-VISION_FIELDS = ("vision_params", "vision_depth", "vision_hidden", "vision_intermediate", "patch_size",
-                 "temporal_patch_size", "lora_vision")
-
-
-def model_shape(path: str, lora=None) -> ModelShape:
-    """Read ``config.json`` of a model directory (or hub id, when the hub is reachable) and count parameters on the
-    meta device; with ``lora`` (a :class:`mmgpg.config.LoraConfig` of rank > 0) also what it trains."""
-    import torch
-
-    from mmgpg.models.load import auto_model_class, no_remote_code, read_model_config, resolve_model_path
-    from mmgpg.models.tiny import count_parameters
-
-    path = resolve_model_path(path)
-    try:
-        config = read_model_config(path)
-    except OSError as err:
-        raise ValueError(
-            f"could not read the config of model {path!r} ({str(err).splitlines()[0]}). The planner needs only its "
-            "config.json: pass a local directory as model.name_or_path=DIR (a downloaded checkpoint, or the real "
-            "dimensions without weights: mmgpg model tiny --size shape_true --config-only --out DIR)."
-        ) from None
-    auto = auto_model_class(config.model_type, repr(path))  # an unsupported model_type is a clear error here
-    with torch.device("meta"):
-        model = no_remote_code(auto.from_config, config)
-    counts = count_parameters(model)
-    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    text, vision = config.get_text_config(), getattr(config, "vision_config", None)
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    if vision is None:  # a text-only model: no vision terms
-        if lora is not None and lora.rank > 0 and (lora.vision or lora.merger):
-            raise ValueError(f"model.lora.vision/merger: {path!r} is a text-only {config.model_type} model, with no "
-                             "vision tower or merger to adapt")
-        v_depth = v_hidden = v_inter = patch = t_patch = 0
-    else:
-        v_depth, patch, t_patch = vision.depth, vision.patch_size, vision.temporal_patch_size
-        if config.model_type == "qwen2_vl":
-            v_hidden, v_inter = vision.embed_dim, int(vision.embed_dim * vision.mlp_ratio)
-        else:
-            v_hidden, v_inter = vision.hidden_size, vision.intermediate_size
-    return ModelShape(config.model_type, counts["total"], counts["vision"], largest, text.vocab_size, text.hidden_size,
-                      text.intermediate_size, text.num_hidden_layers, text.num_attention_heads,
-                      text.num_key_value_heads, head_dim, v_depth, v_hidden, v_inter, patch, t_patch,
-                      *_lora_counts(model, lora))
-
-
-def _lora_counts(model, lora) -> tuple[int, int, bool, bool]:
-    if lora is None or lora.rank <= 0:
-        return 0, 0, False, False
-    from mmgpg.models.lora import count_parameters as count_lora
-
-    c = count_lora(model, lora)
-    return lora.rank, c["adapter"] + c["full"], c["vision"], c["head"]
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -194,18 +109,27 @@ def layer_activation_bytes_per_token(hidden: int, intermediate: int, heads: int,
 
 
 def vision_layer_bytes_per_patch(family: str, hidden: int, intermediate: int, precision: str) -> int:
-    """Bytes one vision-tower block saves for backward per patch (D = vision width, M = its MLP width).
+    """Bytes one vision-tower block saves for backward per patch (D = vision width, M = its MLP width), ``a·D + b·M +
+    c`` with the family's own coefficients (``Family.vision_block_bytes``), e.g.
 
     * Qwen2-VL (LayerNorm, fc1 -> QuickGELU -> fc2):  fp32 44D + 12M + 32;  bf16 22D + 6M + 24
     * Qwen2.5-VL (RMSNorm, SwiGLU):                    fp32 52D + 16M + 24;  bf16 30D + 8M + 24
+    * Qwen3-VL (LayerNorm, linear_fc1 -> GELU -> linear_fc2): fp32 44D + 8M + 32;  bf16 22D + 4M + 24
 
     The coefficients are the saved bytes torch.autograd.graph.saved_tensors_hooks measures on CPU, solved from three
     (D, M) pairs; tests/unit/backends/test_memory.py checks them at a fourth. Linear in the patch count (attention runs per image with
     SDPA). Under autocast the fp32 count is used: an upper bound (not measured here: CPU autocast differs from CUDA's).
+    A family that declares none is refused with a clear message: the planner does not guess.
     """
-    fp32 = {"qwen2_vl": (44, 12, 32), "qwen2_5_vl": (52, 16, 24)}
-    bf16 = {"qwen2_vl": (22, 6, 24), "qwen2_5_vl": (30, 8, 24)}
-    a, b, c = (bf16 if precision == "bf16" else fp32)[family]
+    from mmgpg.models import family as family_spec
+
+    spec = family_spec(family)
+    if spec.vision_block_bytes is None:
+        raise ValueError(f"mmgpg plan does not model the {spec.title} vision tower's activations (its Family declares "
+                         "no vision_block_bytes); plan with train.freeze_vision=true, or measure them as "
+                         "tests/unit/backends/test_memory.py does")
+    fp32, bf16 = spec.vision_block_bytes
+    a, b, c = bf16 if precision == "bf16" else fp32
     return a * hidden + b * intermediate + c
 
 

@@ -20,10 +20,12 @@ COMMAND_MODULES = ("train", "eval", "sample", "inspect", "plan", "theory", "serv
 
 def build_parser() -> argparse.ArgumentParser:
     from mmgpg import __version__
+    from mmgpg.models import FAMILIES
 
     parser = argparse.ArgumentParser(
         prog="mmgpg",
-        description="GPG (Group Policy Gradient) and GRPO for vision-language models (Qwen2-VL, Qwen2.5-VL).",
+        description="GPG (Group Policy Gradient), GRPO and their baselines for vision-language and text models; the "
+                    "model families: " + ", ".join(FAMILIES) + ".",
     )
     parser.add_argument("--version", action="version", version=f"mmgpg {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback when a command fails")

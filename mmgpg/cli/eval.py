@@ -107,14 +107,15 @@ def cmd_eval(args) -> int:
     # vLLM (its log-probs are renormalised over the nucleus) does not apply
     engine_args = [f"rollout.max_new_tokens={args.max_new_tokens}", *([f"rollout.engine={args.engine}"]
                                                                       if args.engine else [])]
-    cfgs = [resolve([f"task={name}", *engine_args, *args.overrides, "rollout.logprob_check=false"],
-                    config_dirs=args.config_dir).config for name in names]
+    resolved = [resolve([f"task={name}", *engine_args, *args.overrides, "rollout.logprob_check=false"],
+                        config_dirs=args.config_dir) for name in names]
+    cfgs = [r.config for r in resolved]
     _check_same_model(names, cfgs)
     decoding = sampled_decoding(args, cfgs[0].seed)
     if args.predictions:
-        results = [_rescore(args, cfgs[0])]
+        results = [_rescore(args, resolved[0].build_task())]
     else:
-        results = _evaluate_checkpoint(args, cfgs, decoding)
+        results = _evaluate_checkpoint(args, cfgs, [r.build_task() for r in resolved], decoding)
         from mmgpg import distributed
 
         if not distributed.current().is_main:  # under torchrun: rank 0 writes and prints
@@ -137,11 +138,9 @@ def _check_same_model(names, cfgs) -> None:
                              "them as overrides, or evaluate these benchmarks in separate commands")
 
 
-def _rescore(args, cfg):
+def _rescore(args, task):
     from mmgpg.evaluation.predictions import rescore_predictions
-    from mmgpg.task import build_task
 
-    task = build_task(cfg.task.name, cfg.task.options)
     report = rescore_predictions(task, args.predictions, args.protocol, split=args.split, limit=args.limit)
     skipped, total = report.counts["skipped"], report.counts["rows"]
     for r in [r for r in report.records if "skipped" in r][:5]:
@@ -183,19 +182,16 @@ def _write(args, cfgs, results) -> None:
         print(f"wrote {out / 'metrics.json'}")
 
 
-def _evaluate_checkpoint(args, cfgs, decoding):
+def _evaluate_checkpoint(args, cfgs, tasks, decoding):
     """Load ``--ckpt`` (a training run directory: its latest policy) into the rollout engine once and evaluate it on
     every task."""
     import torch
 
     from mmgpg.evaluation.run import run_evaluation
     from mmgpg.models.load import load_policy_for, resolve_device
-    from mmgpg.rollout import build_engine
+    from mmgpg.rollout import EngineSettings, build_engine
     from mmgpg.rundir import latest_checkpoint
-    from mmgpg.task import build_task
-
     cfg = cfgs[0]
-    tasks = [build_task(c.task.name, c.task.options) for c in cfgs]
     clash = sorted({t.name for t in tasks if [u.name for u in tasks].count(t.name) > 1})
     if clash:
         raise ValueError(f"--task: several benchmarks are the task {', '.join(clash)}; each benchmark is written to "
@@ -213,7 +209,7 @@ def _evaluate_checkpoint(args, cfgs, decoding):
         if info.is_main:
             print(f"evaluating {ckpt}")
     policy = load_policy_for(cfg.model, device, source=ckpt)
-    engine = build_engine(cfg.rollout.engine, policy, cfg)
+    engine = build_engine(cfg.rollout.engine, policy, EngineSettings.from_config(cfg))
     try:
         return [(task, run_evaluation(engine, task, args.split, limit=args.limit, protocol=args.protocol,
                                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,

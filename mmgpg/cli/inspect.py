@@ -16,8 +16,9 @@ def cmd_check(args) -> int:
     from mmgpg.evaluation.preflight import preflight
     from mmgpg.utils import console
 
-    cfg = resolve(list(args.overrides), config_dirs=args.config_dir).config
-    findings = preflight(cfg, split=args.split, examples=args.examples)
+    resolved = resolve(list(args.overrides), config_dirs=args.config_dir)
+    cfg = resolved.config
+    findings = preflight(cfg, split=args.split, examples=args.examples, task=resolved.task)
     if args.gpus is not None or args.gpu_memory_gb is not None:  # the same test as `mmgpg plan`
         from mmgpg.cli.plan import memory_finding
 
@@ -128,20 +129,20 @@ def cmd_config_groups(args) -> int:
 def cmd_tasks(args) -> int:
     from rich.table import Table
 
-    from mmgpg.task import TaskNotFound, build_task, registered_tasks
+    from mmgpg.task import TASKS, TaskNotFound, build_task
     from mmgpg.typed import ConfigError
     from mmgpg.utils import console
 
     table = Table(title="mmgpg tasks (entry points: mmgpg.tasks)")
     for col in ("name", "version", "rewards", "provided by", "description"):
         table.add_column(col)
-    for name, ep in sorted(registered_tasks().items()):
+    for name in sorted(TASKS):
         try:
             task = build_task(name)
             doc = (type(task).__doc__ or "").strip().splitlines()[0] if type(task).__doc__ else ""
-            table.add_row(name, str(task.version), ", ".join(task.rewards), ep.value, doc)
+            table.add_row(name, str(task.version), ", ".join(task.rewards), TASKS.describe(name), doc)
         except (TaskNotFound, ConfigError, TypeError, ValueError) as err:
-            table.add_row(name, "?", "?", ep.value, f"[red]cannot load: {err}[/red]")
+            table.add_row(name, "?", "?", TASKS.describe(name), f"[red]cannot load: {err}[/red]")
     console().print(table)
     print("A task in a local file: task=path/to/file.py:ClassName")
     return 0
@@ -166,20 +167,18 @@ def register(sub) -> None:
 
     p = sub.add_parser("model", help="build or inspect models", description="Build or inspect models.")
     msub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
-    t = msub.add_parser("tiny", help="build a Qwen2-VL / Qwen2.5-VL / text-only Qwen2 offline (random init, real "
-                        "classes)",
-                        description="Build a randomly initialised Qwen2-VL or Qwen2.5-VL with a tokenizer and "
+    t = msub.add_parser("tiny", help="build a model of any family offline (random init, real classes)",
+                        description="Build a randomly initialised model of a registered family with a tokenizer and "
                         "processor made locally, and save it as a Hugging Face directory that AutoProcessor and "
-                        "AutoModelForImageTextToText load (--family qwen2: a text-only Qwen2ForCausalLM with its "
-                        "tokenizer, for AutoTokenizer and AutoModelForCausalLM). --size shape_true uses the real 2B/3B "
-                        "dimensions (vocab 151,936) for memory and speed measurements; with --family qwen2, DeepSeek-R1-Distill-"
-                        "Qwen-1.5B's (shape_true) or Qwen2.5-Math-7B's (shape_true_7b).")
+                        "AutoModelForImageTextToText load (a text family: AutoTokenizer and AutoModelForCausalLM). "
+                        "--size shape_true uses a released checkpoint's dimensions (Qwen2-VL-2B / Qwen2.5-VL-3B; "
+                        "qwen2: DeepSeek-R1-Distill-Qwen-1.5B) for memory and speed measurements, shape_true_7b "
+                        "Qwen2.5-VL-7B's (qwen2: Qwen2.5-Math-7B); the sizes each family has are its Family.sizes.")
     t.add_argument("--out", required=True, help="output directory")
-    t.add_argument("--family", choices=FAMILIES, default=FAMILIES[0])
+    t.add_argument("--family", choices=list(FAMILIES), default="qwen2_vl", help="a model_type (default qwen2_vl)")
     t.add_argument("--size", choices=["tiny", "shape_true", "shape_true_7b"], default="tiny",
-                   help="tiny (~1M params) or shape_true (Qwen2-VL-2B / Qwen2.5-VL-3B dimensions; ~9 GB in fp32; "
-                   "qwen2: DeepSeek-R1-Distill-Qwen-1.5B) or shape_true_7b (Qwen2.5-VL-7B; qwen2: Qwen2.5-Math-7B; "
-                   "with --config-only)")
+                   help="tiny (~1M params; every family) or shape_true / shape_true_7b (a released checkpoint's "
+                   "dimensions, where the family has them; shape_true_7b with --config-only)")
     t.add_argument("--config-only", action="store_true",
                    help="write config.json only, no weights (enough for mmgpg plan and mmgpg model info)")
     t.add_argument("--seed", type=int, default=0)
@@ -189,7 +188,7 @@ def register(sub) -> None:
     i = msub.add_parser("info", help="print a model's family, sizes, parameter counts and EOS ids",
                         description="Print a model's family, sizes, parameter counts and EOS ids without loading "
                         "its weights.")
-    i.add_argument("model", help="hub id, local directory, or tiny / tiny:qwen2_5_vl / tiny:qwen2")
+    i.add_argument("model", help="hub id, local directory, or tiny / tiny:<family> (tiny:qwen3_vl, tiny:qwen2, ...)")
     i.set_defaults(func=cmd_model_info)
 
     p = sub.add_parser("config", help="show the resolved configuration", description="Inspect configuration.")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 
 from mmgpg.backends import BACKENDS
-from mmgpg.backends.deepspeed_config import planned_offload
 from mmgpg.backends.memory import GIB, OFFLOADS, Plan, model_shape, plan_memory
 from mmgpg.cli.common import add_config_args, float_in, int_in
 
@@ -25,14 +24,19 @@ def gib(n: float) -> str:
     return f"{n / GIB:.2f}"
 
 
+def setup_label(setup: dict) -> str:
+    """The plan's backend setup as its backend names it (``plain``, ``deepspeed ZeRO-3 + optimizer offload``)."""
+    from mmgpg.backends import BACKENDS
+
+    return BACKENDS.facts(setup["backend"])["label"](setup["zero_stage"], setup["offload"])
+
+
 def format_plan(plan: Plan) -> str:
     s, w, mdl = plan.setup, plan.workload, plan.model
-    stage = f" ZeRO-{s['zero_stage']}" if s["backend"] == "deepspeed" else ""
-    off = f" + {s['offload']} offload" if s["offload"] != "none" else ""
     lora = f", LoRA rank {mdl['lora_rank']}: {mdl['trainable_params'] / mdl['params']:.2%}" if mdl["lora_rank"] else ""
     lines = [
         f"mmgpg plan: {mdl['name_or_path']} ({mdl['params'] / 1e9:.2f} B parameters, "
-        f"{mdl['trainable_params'] / 1e9:.2f} B trainable{lora}), {s['backend']}{stage}{off}, precision {s['precision']}, "
+        f"{mdl['trainable_params'] / 1e9:.2f} B trainable{lora}), {setup_label(s)}, precision {s['precision']}, "
         f"{s['nodes']} node(s) x {s['gpus_per_node']} GPU(s) of {s['gpu_memory_gib']:g} GiB",
         f"micro-batch: {w['micro_batch_sequences']} sequences x {w['sequence_length']} tokens, "
         + (f"{w['images_per_micro_batch']} image(s) x {w['patches_per_image']} patches"
@@ -131,13 +135,16 @@ def add_hardware_args(p: argparse.ArgumentParser, required: bool = True) -> None
 
 
 def backend_setup(cfg, args) -> tuple[str, int, str]:
-    """(backend, ZeRO stage, offload) to plan for: the flags where given, otherwise the config's ``train.*`` keys."""
-    t = cfg.train
-    backend = args.backend or t.backend
-    deepspeed = backend == "deepspeed"
-    stage = args.zero_stage if args.zero_stage is not None else (t.zero_stage if deepspeed else 0)
-    offload = args.offload if args.offload is not None else planned_offload(t) if deepspeed else "none"
-    return backend, stage, offload
+    """(backend, ZeRO stage, offload) to plan for: the flags where given, otherwise what the backend makes of the
+    config's ``train.*`` keys (its ``zero_stage`` and ``offload`` facts)."""
+    import dataclasses
+
+    from mmgpg.backends import BACKENDS
+
+    backend = args.backend or cfg.train.backend
+    facts, train = BACKENDS.facts(backend), dataclasses.replace(cfg.train, backend=backend)
+    stage = args.zero_stage if args.zero_stage is not None else facts["zero_stage"](train)
+    return backend, stage, args.offload if args.offload is not None else facts["offload"](train)
 
 
 def plan_from_args(cfg, args) -> Plan:
@@ -178,8 +185,7 @@ def cmd_plan(args) -> int:
 def memory_summary(plan: Plan) -> str:
     """One line for ``mmgpg check``."""
     s = plan.setup
-    setup = s["backend"] + (f" ZeRO-{s['zero_stage']}" if s["backend"] == "deepspeed" else "") \
-        + (f" + {s['offload']} offload" if s["offload"] != "none" else "")
+    setup = setup_label(s)
     verdict = "fits" if plan.fits else "does not fit; changes that would fit: " + "; ".join(plan.fixes)
     e = plan.engine
     if e.get("mode") == "colocated":

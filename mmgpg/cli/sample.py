@@ -29,10 +29,9 @@ def cmd_sample(args) -> int:
     from mmgpg.config import save_config
     from mmgpg.jsonl import write_jsonl_atomic
     from mmgpg.models.load import load_policy_for, resolve_device
-    from mmgpg.rollout import Sampling, build_engine
+    from mmgpg.rollout import EngineSettings, Sampling, build_engine
     from mmgpg.rollout.collect import collate_groups, group_logprobs, sample_groups
     from mmgpg.rundir import make_run_dir
-    from mmgpg.task import build_task
     from mmgpg.utils import console as make_console
     from mmgpg.utils import seed_everything
 
@@ -47,13 +46,13 @@ def cmd_sample(args) -> int:
     t0 = time.perf_counter()
     with console.status(f"loading {cfg.model.name_or_path} ..."):
         policy = load_policy_for(cfg.model, resolve_device(cfg.device))
-        task = build_task(cfg.task.name, cfg.task.options)
+        task = resolved.build_task()
     timings["load"] = time.perf_counter() - t0
     examples = task.load(args.split)[: args.prompts]
     r = cfg.rollout
 
     t0 = time.perf_counter()
-    engine = build_engine(cfg.rollout.engine, policy, cfg)
+    engine = build_engine(cfg.rollout.engine, policy, EngineSettings.from_config(cfg))
     with console.status(f"sampling {r.group_size} completions for each of {len(examples)} prompts ..."):
         groups = sample_groups(engine, task, examples, r.group_size, Sampling.from_config(r),
                                zero_variance_tol=cfg.algo.zero_variance_tol)

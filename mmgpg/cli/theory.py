@@ -103,12 +103,13 @@ def cmd_probe(args) -> int:
 
     run_dir, source, step = locate(args.ckpt, args.step)
     if run_dir is not None:
-        cfg = read_config(run_dir, overrides=args.overrides, lenient=True)[0]
+        cfg, _, task = read_config(run_dir, overrides=args.overrides, lenient=True)
     else:
-        cfg = resolve(args.overrides, config_dirs=args.config_dir).config
+        resolved = resolve(args.overrides, config_dirs=args.config_dir)
+        cfg, task = resolved.config, resolved.task
     seed_everything(cfg.seed + 20_000 + step)
     records = probe(cfg, source, step=step, split=args.split, samples=args.samples, limit=args.limit,
-                    success_threshold=args.success_threshold, batch_prompts=args.batch_prompts)
+                    success_threshold=args.success_threshold, batch_prompts=args.batch_prompts, task=task)
     out = Path(args.out) if args.out else (run_dir / PROBES if run_dir is not None else Path(PROBES))
     replace_probe(out, records)
     k = sum(r.successes for r in records)

@@ -13,7 +13,6 @@ from mmgpg.config.resolve import (
     available_groups,
     builtin_config_dir,
     config_search_path,
-    load_config,
     resolve,
     save_config,
     to_yaml,
@@ -34,6 +33,6 @@ from mmgpg.typed import ConfigError, Problem, did_you_mean, field_docs, from_dic
 __all__ = [
     "AlgoConfig", "Config", "ConfigError", "DataConfig", "LoraConfig", "ModelConfig", "Problem", "Resolved",
     "RolloutConfig", "SftConfig", "TaskConfig", "TrainConfig", "apply_override", "available_groups",
-    "builtin_config_dir", "check", "config_search_path", "did_you_mean", "field_docs", "from_dict", "load_config", "resolve",
+    "builtin_config_dir", "check", "config_search_path", "did_you_mean", "field_docs", "from_dict", "resolve",
     "save_config", "to_dict", "to_yaml",
 ]

@@ -19,7 +19,7 @@ import dataclasses
 import textwrap
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ import yaml
 from mmgpg.config.checks import check
 from mmgpg.config.schema import Config, TaskConfig
 from mmgpg.jsonl import write_text_atomic
-from mmgpg.task import TaskNotFound, find_task_class
+from mmgpg.task import TaskNotFound, checked_task, find_task_class
 from mmgpg.typed import (
     ConfigError,
     Problem,
@@ -138,6 +138,14 @@ class Resolved:
     config: Config
     groups: dict[str, str]
     overrides: list[str]
+    task: Any = field(default=None, compare=False, repr=False)
+    """The task built while validating the config; None when it was not validated."""
+
+    def build_task(self) -> Any:
+        """The command's task: the one validation built (a task is built once per command), else built now."""
+        from mmgpg.task import build_task
+
+        return self.task if self.task is not None else build_task(self.config.task.name, self.config.task.options)
 
 
 def resolve(args: Sequence[str] = (), config_dirs: Sequence[str | Path] = (), validate_config: bool = True) -> Resolved:
@@ -189,11 +197,16 @@ def resolve(args: Sequence[str] = (), config_dirs: Sequence[str | Path] = (), va
             _set_dotted(tree, key, value)
             overrides.append(arg)
     config = from_dict(Config, tree, problems)
-    if validate_config:
+    task = None
+    if validate_config and not problems:
+        problems += check(config, task=False)
+        task, task_problems = checked_task(config.task.name, config.task.options)
+        problems += task_problems
+    elif validate_config:
         problems += check(config)
     if problems:
         raise ConfigError(problems)
-    return Resolved(config=config, groups=selected, overrides=overrides)
+    return Resolved(config=config, groups=selected, overrides=overrides, task=task)
 
 
 def _field_type(dotted: str) -> Any:
@@ -266,12 +279,3 @@ def save_config(resolved: Resolved, run_dir: str | Path, command: str) -> Path:
     write_text_atomic(path, "\n".join(header) + "\n" + to_yaml(resolved.config))
     return path
 
-
-def load_config(path: str | Path) -> Config:
-    """Read a saved ``config.yaml`` back (validated)."""
-    problems: list[Problem] = []
-    cfg = from_dict(Config, _read_yaml(Path(path), problems, str(path)), problems)
-    problems += check(cfg)
-    if problems:
-        raise ConfigError(problems)
-    return cfg

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 
 from mmgpg.models import Dtype
 from mmgpg.models.lora import LORA_LANGUAGE_TARGETS
+from mmgpg.typed import bounded
 
 # --------------------------------------------------------------------------------------------------------------------
 # Schema
@@ -46,13 +47,13 @@ class ModelConfig:
     """Parameter dtype; `auto` is bfloat16 on a GPU that supports it, float32 otherwise."""
     attn_implementation: str = "sdpa"
     """transformers attention backend: sdpa, eager or flash_attention_2 (the latter needs flash-attn on a GPU)."""
-    min_pixels: int = 3136
+    min_pixels: int = bounded(3136, ge=1, why="Images need a positive area.")
     """Smallest image area after resizing, in pixels (3136 = 56*56 = 4 visual tokens). Same value in rollout and training."""
     max_pixels: int = 401408
     """Largest image area after resizing, in pixels; 401408 = 512*28*28 = at most 512 visual tokens (the GPG scripts)."""
-    max_prompt_length: int = 1024
+    max_prompt_length: int = bounded(1024, ge=1, why="Prompts need at least one token.")
     """Longest prompt in tokens, image tokens included. A longer prompt is an error, never silently truncated."""
-    logprob_chunk_size: int = 1024
+    logprob_chunk_size: int = bounded(1024, ge=1, why="Chunks need at least one token.")
     """Completion tokens scored per chunk; peak log-prob memory is about chunk x vocab x 4 bytes x 3."""
     packed_sequences: Literal["auto", "always", "never"] = "auto"
     """Score the update's rows without padding, packed into one sequence per micro-batch (text-only policies):
@@ -67,16 +68,16 @@ class ModelConfig:
 
 @dataclass
 class RolloutConfig:
-    group_size: int = 8
+    group_size: int = bounded(8, ge=1, why="Each prompt needs at least one completion.")
     """Completions sampled per prompt (G in the papers)."""
-    max_new_tokens: int = 256
+    max_new_tokens: int = bounded(256, ge=1, why="Completions need at least one token.")
     """Longest completion in tokens; a completion cut here has no EOS and counts as truncated."""
     temperature: float = 1.0
     """Sampling temperature (> 0; training needs different completions per prompt). Log-probs are scored at the
     same temperature. Evaluation decodes greedily on its own."""
-    top_p: float = 1.0
+    top_p: float = bounded(1.0, gt=0, le=1, why="top_p is a probability mass in (0, 1].")
     """Nucleus sampling mass; 1.0 keeps the full distribution (exactly on-policy)."""
-    top_k: int = 0
+    top_k: int = bounded(0, ge=0, why="top_k counts tokens (0 disables it).")
     """Keep only the k most likely tokens; 0 disables it (exactly on-policy). The GPG authors' code sampled with 50."""
     engine: str = "hf"
     """Rollout engine that generates completions (training, evaluation, `mmgpg sample`): hf = Hugging Face generate
@@ -123,14 +124,14 @@ class AlgoConfig:
     (r - mean)/sqrt(var + std_eps) (Mroueh's stabilised whitening); rloo: r - mean of the other G-1 samples;
     reinforce_pp: (r - mu)/sqrt(var + std_eps) with the mean and variance of the whole step's batch (all ranks, every
     token counted); reinforce_pp_baseline: the same whitening of r - group mean (REINFORCE++-baseline)."""
-    std_eps: float = 1e-4
+    std_eps: float = bounded(1e-4, ge=0)
     """The epsilon of group_zscore (added to the std), of group_stabilized and of reinforce_pp* (added to the
     variance)."""
     token_loss: str = "reinforce"
     """reinforce: -A log pi (GPG); clipped_ratio: the PPO/GRPO clipped surrogate with clip_eps (and clip_eps_high:
     DAPO's clip-higher); gspo / gspo_token: GSPO's length-normalised sequence ratio, clipped per sequence (its token
     variant); cispo: -sg[min(ratio, 1 + clip_eps_high)] A log pi (CISPO)."""
-    clip_eps: float = 0.2
+    clip_eps: float = bounded(0.2, gt=0, why="The clip range must be > 0.")
     """Clip range of clipped_ratio, gspo and gspo_token: the ratio is clipped to [1 - clip_eps, 1 + clip_eps_high].
     Only acts when updates_per_batch > 1 (with one update the ratio is exactly 1)."""
     clip_eps_high: float | None = None
@@ -138,7 +139,7 @@ class AlgoConfig:
     CISPO's cap on its weight, 1 + clip_eps_high (needed by cispo: 4.0). Needs updates_per_batch > 1 to act."""
     cispo_eps_low: float | None = None
     """CISPO's lower bound on its weight, 1 - cispo_eps_low (null: none, as MiniMax-M1 and TRL; verl clips both)."""
-    kl_coef: float = 0.0
+    kl_coef: float = bounded(0.0, ge=0, why="A KL weight is >= 0 (GPG: 0, GRPO: 0.04).")
     """Weight of the KL penalty to a frozen reference policy (GRPO: 0.04). A reference model exists only when > 0."""
     kl_estimator: str = "k3"
     """Per-token KL estimator differentiated in the loss: k3 (TRL/GRPO; forward-KL gradient KL(ref||pi)), k2 (1/2
@@ -150,11 +151,12 @@ class AlgoConfig:
     rollout.max_new_tokens)). Denominators count the whole optimizer step, all ranks."""
     alpha_correction: bool = True
     """Multiply the policy loss by alpha = B/(B-M) (B samples in the update, M of them in zero-variance groups)."""
-    min_valid_fraction: float = 0.4
+    min_valid_fraction: float = bounded(0.4, ge=0, le=1,
+                                        why="It is a fraction of samples in [0, 1] (0 disables resampling).")
     """beta_th: draw more prompts while the valid fraction (B-M)/B of the update is below this; 0 disables resampling."""
-    max_resample_attempts: int = 20
+    max_resample_attempts: int = bounded(20, ge=1, why="At least one rollout is needed.")
     """Most rollout attempts per step (the first included); after the last one the step proceeds with what it has."""
-    zero_variance_tol: float = 0.0
+    zero_variance_tol: float = bounded(0.0, ge=0, why="A tolerance is >= 0.")
     """A group has zero variance when max(r) - min(r) <= this (0: exactly equal rewards)."""
     drop_zero_variance: bool = False
     """Leave zero-variance groups out of the update instead of filling it with them (DAPO's dynamic sampling, with
@@ -168,13 +170,13 @@ class AlgoConfig:
     overlong_filter: bool = False
     """DAPO's overlong filtering: completions cut at rollout.max_new_tokens (no EOS) add nothing to the loss, and
     their tokens are left out of the token counts of the denominators (TRL's mask_truncated_completions)."""
-    updates_per_batch: int = 1
+    updates_per_batch: int = bounded(1, ge=1, why="At least one update per batch.")
     """Optimizer steps per rollout batch (GRPO's mu). Above 1, old log-probs are computed once and the ratio clips."""
 
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 100
+    max_steps: int = bounded(100, ge=1)
     """Optimizer steps (a step skipped because no group had signal still counts)."""
     backend: str = "plain"
     """Training backend: plain = a full model copy per process, AdamW, gradients summed over ranks by all-reduce;
@@ -190,11 +192,11 @@ class TrainConfig:
     """Optional DeepSpeed JSON merged into what mmgpg derives (ZeRO bucket sizes, communication options, ...); a key
     that mmgpg sets from its own config (stage, offload, clipping, bf16, batch sizes, optimizer) must agree or be
     "auto"."""
-    prompts_per_step: int = 8
+    prompts_per_step: int = bounded(8, ge=1)
     """Prompt groups in one optimizer step, over all ranks (must be divisible by the number of ranks)."""
-    micro_batch_prompts: int = 2
+    micro_batch_prompts: int = bounded(2, ge=1)
     """Prompt groups per forward/backward pass (gradient accumulation with global denominators)."""
-    learning_rate: float = 1e-6
+    learning_rate: float = bounded(1e-6, gt=0)
     """AdamW learning rate (the GPG paper uses 1e-6)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
@@ -202,12 +204,12 @@ class TrainConfig:
     """AdamW (beta1, beta2)."""
     adam_eps: float = 1e-8
     """AdamW epsilon."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = bounded(1.0, ge=0, why="It must be >= 0 (0 disables clipping).")
     """Clip the global gradient norm to this; 0 disables clipping."""
     lr_scheduler: Literal["constant", "linear", "cosine", "cosine_with_min_lr"] = "constant"
     """Learning-rate schedule after warmup (transformers.get_scheduler; constant is HF's constant_with_warmup;
     cosine_with_min_lr stops at min_lr_rate)."""
-    warmup_steps: int = 0
+    warmup_steps: int = bounded(0, ge=0)
     """Linear warmup steps."""
     min_lr_rate: float = 0.0
     """cosine_with_min_lr only: the final learning rate as a fraction of learning_rate (open-rs uses 0.1)."""
@@ -217,13 +219,13 @@ class TrainConfig:
     """Keep the vision tower's weights fixed (no gradients, not in the optimizer)."""
     split: str = "train"
     """Task split to train on."""
-    max_nonfinite_steps: int = 3
+    max_nonfinite_steps: int = bounded(3, ge=0)
     """Optimizer steps whose gradient norm is NaN/Inf are skipped (no update; counted as train/nonfinite_steps);
     after more than this many in a row, training stops with an error. 0: stop at the first."""
-    save_every: int = 50
+    save_every: int = bounded(50, ge=0)
     """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT). The default bounds what a crash
     (a bad data row, a lost node) can cost to 50 steps; keep_last bounds the disk used."""
-    keep_last: int = 2
+    keep_last: int = bounded(2, ge=1)
     """Intact checkpoints kept; older ones are deleted after a new one is complete (a damaged one is not counted)."""
     resume: bool = False
     """Continue from the newest complete, intact checkpoint in output_dir (metrics after it are rewritten; without a
@@ -240,43 +242,43 @@ class TrainConfig:
     progress: bool = True
     """Show a progress bar (rank 0). When stdout is not a terminal (SLURM, nohup, a pipe), where a bar would print
     nothing until the run ends, print a plain status line every ``status_every_s`` seconds instead."""
-    status_every_s: float = 60.0
+    status_every_s: float = bounded(60.0, ge=0, why="It must be a number of seconds >= 0 (0: no status lines).")
     """With ``progress`` on and stdout not a terminal: seconds between status lines (step, reward, valid fraction,
     α, s/step, ETA, memory); the first step and the last always print one. 0: none."""
-    eval_every: int = 0
+    eval_every: int = bounded(0, ge=0)
     """Greedy evaluation on eval_split every N steps, logged as eval/<metric> (0: never)."""
     eval_split: str = "test"
     """Task split for evaluations during training."""
-    eval_limit: int = 200
+    eval_limit: int = bounded(200, ge=0)
     """Evaluate on the first N items of eval_split (0: all)."""
     eval_samples: int = 0
     """Also sample this many completions per eval item at rollout.temperature and log their mean scores as
     eval/sampled_<metric> (0: greedy only)."""
-    probe_every: int = 0
+    probe_every: int = bounded(0, ge=0)
     """Probe per-prompt success every N steps and at step 0 (p_ref): train.probe_samples completions for each of
     the first train.probe_limit training prompts at the rollout's settings, appended to probe_success.jsonl for
     `mmgpg diagnose` (0: never; `mmgpg probe` does the same for any checkpoint afterwards)."""
-    probe_samples: int = 64
+    probe_samples: int = bounded(64, ge=1)
     """Completions per prompt of each probe (train.probe_every)."""
-    probe_limit: int = 64
+    probe_limit: int = bounded(64, ge=0)
     """Training prompts each probe covers, the first N of the split (0: all)."""
 
 
 @dataclass
 class SftConfig:
-    max_steps: int = 200
+    max_steps: int = bounded(200, ge=1)
     """Optimizer steps of supervised fine-tuning on the task's gold completions."""
-    batch_size: int = 32
+    batch_size: int = bounded(32, ge=1)
     """Examples per step."""
-    learning_rate: float = 1e-5
+    learning_rate: float = bounded(1e-5, gt=0)
     """AdamW learning rate (the CPU demo uses 1e-3 on the tiny model)."""
     max_grad_norm: float = 1.0
     """Clip the gradient norm to this; 0 disables clipping."""
     weight_decay: float = 0.01
     """AdamW weight decay of supervised fine-tuning."""
-    eval_every: int = 0
+    eval_every: int = bounded(0, ge=0)
     """Greedy evaluation every N steps, logged as eval/<metric> (0: only at the end)."""
-    save_every: int = 50
+    save_every: int = bounded(50, ge=0)
     """Save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT); train.resume=true continues from
     the newest one and train.keep_last bounds how many are kept, as for `mmgpg train`."""
 

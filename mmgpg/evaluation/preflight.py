@@ -23,13 +23,14 @@ class Finding:
     detail: str
 
 
-def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
+def preflight(cfg, *, split: str = "train", examples: int = 4, task=None) -> list[Finding]:
+    """Every finding of ``mmgpg check`` (``task``: the command's task when validation built it)."""
     from mmgpg.evaluation.run import judge_output
     from mmgpg.task import build_task, first_items
 
     findings: list[Finding] = []
     try:
-        task = build_task(cfg.task.name, cfg.task.options)
+        task = task if task is not None else build_task(cfg.task.name, cfg.task.options)
     except Exception as err:  # noqa: BLE001 - every problem is reported, not raised
         return [Finding("task", "error", f"{type(err).__name__}: {err}")]
     try:
@@ -51,7 +52,7 @@ def preflight(cfg, *, split: str = "train", examples: int = 4) -> list[Finding]:
             batch = policy.encode_prompts([task.prompt(ex)])
             length = int(batch.attention_mask.sum())
             images = policy.vision_tower is not None  # a text-only policy has no image tokens to count or shrink
-            counted = f" ({int(batch.mm_token_type_ids.sum())} image tokens)" if images else ""
+            counted = f" ({int((batch.mm_token_type_ids > 0).sum())} image tokens)" if images else ""
             fix = "lower model.max_pixels or raise max_prompt_length" if images else "raise max_prompt_length"
             over = limit is not None and length > limit
             findings.append(Finding(f"prompt {ex.id}", "error" if over else "ok",

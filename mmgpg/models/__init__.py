@@ -1,17 +1,18 @@
-"""Models: the policy seam (:class:`Policy`), its implementations — Qwen2-VL / Qwen2.5-VL (:mod:`.qwen_vl`) and
-text-only causal LMs such as Qwen2 / Qwen2.5 (:mod:`.text`), both built on :mod:`.base` (the EOS, sampling and
-scoring rules they share) — the batches that cross the seam (:mod:`.batch`), chunked log-probs (:mod:`.logprobs`),
-loading and the device (:mod:`.load`), LoRA (:mod:`.lora`), saving (:mod:`.save`) and the offline tiny models
-(:mod:`.tiny`).
+"""Models: the policy seam (:class:`Policy`), the one list of model families (:data:`FAMILIES`), the policies —
+the Qwen-VL line (:mod:`.qwen_vl`) and text-only causal LMs (:mod:`.text`), both built on :mod:`.base` (the EOS,
+sampling and scoring rules they share) — the batches that cross the seam (:mod:`.batch`), chunked log-probs
+(:mod:`.logprobs`), loading and the device (:mod:`.load`), LoRA (:mod:`.lora`), saving (:mod:`.save`) and the offline
+tiny models (:mod:`.tiny`, with each family's own parts in its family file: :mod:`.qwen2`, :mod:`.qwen3`).
 
-Everything model-family-specific stays in the family's file; the rest of mmgpg sees the three operations of
-:class:`Policy`. :data:`POLICIES` is the one table from a checkpoint's ``model_type`` to its policy class.
-May import: the top-level modules only (not config, task, rollout or anything above).
+Everything model-family-specific is declared once, in a :class:`Family` registered in :data:`FAMILIES` (its facts
+as data) and its family file (its code); the rest of mmgpg sees the three operations of :class:`Policy` and asks the
+family for the rest. May import: the top-level modules only (not config, task, rollout or anything above).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from mmgpg.registry import Registry
@@ -21,24 +22,79 @@ if TYPE_CHECKING:
 
     from mmgpg.models.batch import CompletionBatch, PromptBatch
 
-# The model families mmgpg loads (a model's config.json `model_type`); the one list, read by loading, the tiny
-# builder, `mmgpg model tiny --family`, the planner and the tasks.
-QwenVLFamily = Literal["qwen2_vl", "qwen2_5_vl"]
-QWEN_VL_FAMILIES: tuple[str, ...] = get_args(QwenVLFamily)
-# Text-only causal LMs (AutoModelForCausalLM + the tokenizer's chat template): Qwen2 / Qwen2.5, which is also the
-# architecture of Qwen2.5-Math and DeepSeek-R1-Distill-Qwen.
-TextFamily = Literal["qwen2"]
-TEXT_FAMILIES: tuple[str, ...] = get_args(TextFamily)
-FAMILIES: tuple[str, ...] = QWEN_VL_FAMILIES + TEXT_FAMILIES
-# model_type -> its policy class ("module:Class", imported on first use). Loading, `mmgpg model info`, the tiny
-# builder's loader check and the planner read it. Another causal-LM text family whose checkpoints load with
-# AutoModelForCausalLM is one more entry here mapping to TextPolicy (plus, for a tiny model, its config in tiny.py);
-# a family that needs its own code is one file in models/ with a class implementing Policy. A plugin package can add
-# one without changing mmgpg: [project.entry-points."mmgpg.policies"] llama = "pkg.mod:MyPolicy".
-POLICIES = Registry("model family", "mmgpg.policies", {
-    **dict.fromkeys(QWEN_VL_FAMILIES, "mmgpg.models.qwen_vl:QwenVLPolicy"),
-    **dict.fromkeys(TEXT_FAMILIES, "mmgpg.models.text:TextPolicy"),
+
+@dataclass(frozen=True)
+class Family:
+    """One model family (a checkpoint's ``config.json`` ``model_type``) and everything mmgpg knows about it, as data.
+
+    Adding a family is one :class:`Family` in :data:`FAMILIES` (a built-in entry, or an entry point of the group
+    ``mmgpg.families`` naming it: ``[project.entry-points."mmgpg.families"] my_vlm = "pkg.mod:MY_VLM"``) plus, for
+    ``mmgpg model tiny`` and the tests, a ``tiny`` builder; a family whose forward needs code of its own adds a
+    policy class (one file in models/)."""
+
+    model_type: str
+    title: str
+    """How messages and docs name it (``Qwen2-VL``)."""
+    policy: str
+    """The policy class, ``"module:Class"`` (imported when a model of the family is loaded)."""
+    tiny: str
+    """``"module:function"``: ``function(family, size, seed) -> TinyParts`` builds a random model of the real
+    classes offline (:mod:`mmgpg.models.tiny`)."""
+    example: str = ""
+    """A hub id of the family, for messages and docs."""
+    sizes: tuple[str, ...] = ("tiny",)
+    """``mmgpg model tiny --size`` choices (``shape_true*``: a released checkpoint's dimensions)."""
+    takes_images: bool = True
+    vision_module: str = "model.visual"
+    """The vision tower's attribute path from the model (``train.freeze_vision``, parameter counts); "" text-only."""
+    packing: bool = False
+    """``completion_logprobs(packed=True)`` is exact (``model.packed_sequences``): rows concatenated with restarting
+    positions keep apart (attention-only text models; not M-RoPE or linear-attention layers, which carry state)."""
+    packing_note: str = ""
+    """When ``packing`` is False: why (the refusal of ``model.packed_sequences=always`` says it)."""
+    vllm: bool = True
+    """The vLLM engine serves it (the CPU build registers the architecture and mmgpg's tests ran it)."""
+    vllm_note: str = ""
+    """When ``vllm`` is False: why, and what to use instead."""
+    box_format: str | None = None
+    """How its grounding answers write a box: ``norm1000`` (0-1000 of the image's width and height) or
+    ``resized_pixels`` (pixels of the image as resized by its processor); None: no documented convention."""
+    lora_vision: str = ""
+    """``re.fullmatch`` pattern of the vision tower's linear layers (``model.lora.vision``); "" when it has none."""
+    lora_merger: str = ""
+    """Pattern of the vision-language merger's linear layers (``model.lora.merger``)."""
+    vision_block_bytes: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
+    """The planner's bytes a vision block saves for backward per patch, ``a·D + b·M + c`` with D its width and M its
+    MLP width, as ``((a, b, c) fp32, (a, b, c) bf16)``, measured (tests/unit/backends/test_memory.py); None: the
+    planner does not model this tower."""
+
+
+# The families mmgpg loads, by `model_type`: the one list, read by loading, the tiny builder, `mmgpg model tiny
+# --family`, the planner, the vLLM engine and the tasks. Each entry names a Family defined in its family file.
+FAMILIES = Registry("model family", "mmgpg.families", {
+    "qwen2_vl": "mmgpg.models.qwen2:QWEN2_VL",
+    "qwen2_5_vl": "mmgpg.models.qwen2:QWEN2_5_VL",
+    "qwen2": "mmgpg.models.qwen2:QWEN2",
+    "qwen3_vl": "mmgpg.models.qwen3:QWEN3_VL",
+    "qwen3_vl_moe": "mmgpg.models.qwen3:QWEN3_VL_MOE",
+    "qwen3": "mmgpg.models.qwen3:QWEN3",
+    "qwen3_5": "mmgpg.models.qwen3:QWEN3_5",
+    "qwen3_5_moe": "mmgpg.models.qwen3:QWEN3_5_MOE",
+    "qwen3_5_text": "mmgpg.models.qwen3:QWEN3_5_TEXT",
 })
+
+
+def family(model_type: str | None, what: str = "this model") -> Family:
+    """The registered :class:`Family` of a ``model_type``; an unsupported one is a clear error naming it, the
+    supported ones and how to add one."""
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"{what} is a {model_type!r} model; mmgpg supports the model types {', '.join(FAMILIES)}. Another family "
+            "is one registration: a mmgpg.models.Family in the mmgpg.families registry (docs/training.md, 'Model "
+            "families')." + ("" if model_type else " (its config.json names no model_type)"))
+    return FAMILIES[model_type]
+
+
 # model.name_or_path=tiny (or tiny:<family>) builds a random tiny model offline (mmgpg.models.tiny)
 TINY_PREFIX = "tiny"
 # The dtypes a policy is loaded in (model.dtype) and a rollout engine runs in; "auto": bfloat16 on a GPU that
@@ -62,6 +118,7 @@ class Policy(Protocol):
     tokenizer: Any  # the text tokenizer (the processor's, or the processor itself for a text model)
     peft: Any  # the peft.PeftModel owning LoRA adapters, or None
     family: str
+    spec: Family  # the family's declared facts
     eos_token_ids: list[int]
     pad_token_id: int
     suppressed_token_ids: list[int]  # never sampled and excluded from the scored softmax (Qwen-VL: vision tokens)
@@ -80,7 +137,7 @@ class Policy(Protocol):
     def generate(self, prompts: PromptBatch, group_size: int, *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0) -> CompletionBatch: ...
 
-    supports_packing: bool  # completion_logprobs(packed=True) works (model.packed_sequences)
+    supports_packing: bool  # completion_logprobs(packed=True) is exact (model.packed_sequences): the family's `packing`
 
     def completion_logprobs(self, rollout: CompletionBatch, *, chunk_size: int = 1024, temperature: float = 1.0,
                             encode_images_once: bool = True, packed: bool = False) -> torch.Tensor: ...

@@ -10,8 +10,9 @@ its forward; :class:`PolicyBase` holds the rest.
   :meth:`PolicyBase.score_hidden` scores (temperature only, over the vocabulary without
   :attr:`PolicyBase.suppressed_token_ids`).
 * **Scoring**: the hidden state before each completion token, through the output head the forward really uses
-  (:func:`mmgpg.models.lora.output_head`, called as the head's own forward so DeepSpeed ZeRO-3 gathers it), in
-  chunks (:func:`mmgpg.models.logprobs.chunked_token_logprobs`), with gradients.
+  (:meth:`PolicyBase.output_layer`; under LoRA :func:`mmgpg.models.lora.output_head`, called as the head's own
+  forward so DeepSpeed ZeRO-3 gathers it), in chunks (:func:`mmgpg.models.logprobs.chunked_token_logprobs`), with
+  gradients.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 
 import torch
 
-from mmgpg.models.batch import CompletionBatch, PromptBatch
+from mmgpg.models import Family
+from mmgpg.models import family as family_spec
+from mmgpg.models.batch import CompletionBatch, PromptBatch, gather_prompts
 from mmgpg.models.logprobs import chunked_token_logprobs, completion_mask
 
 
@@ -31,6 +34,7 @@ class PolicyBase:
     :meth:`score_hidden`)."""
 
     family: str
+    spec: Family
     suppressed_token_ids: list[int]
 
     def _setup(self, model, processor, tokenizer, *, family: str, max_prompt_length: int | None) -> None:
@@ -39,6 +43,7 @@ class PolicyBase:
         self.tokenizer = tokenizer
         self.peft = None  # the peft.PeftModel owning LoRA adapters injected into `model` (mmgpg.models.lora.attach)
         self.family = family
+        self.spec = family_spec(family)  # the family's declared facts (mmgpg.models.FAMILIES)
         self.max_prompt_length = max_prompt_length
         self.suppressed_token_ids = []
         tokenizer.padding_side = "left"
@@ -55,13 +60,23 @@ class PolicyBase:
             tokenizer.pad_token_id = self.pad_token_id
 
     @property
+    def supports_packing(self) -> bool:
+        """Packed scoring is exact for this family (``Family.packing``)."""
+        return self.spec.packing
+
+    def check_packing(self, packed: bool) -> None:
+        """Refuse ``packed=True`` for a family that cannot score packed rows, saying why and what to use."""
+        if packed and not self.spec.packing:
+            raise ValueError(packing_refusal(self.spec))
+
+    @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
     @property
     def vision_tower(self) -> torch.nn.Module | None:
-        """The vision encoder, or None (a text-only model)."""
-        return None
+        """The vision encoder at the family's ``Family.vision_module``, or None (a text-only model)."""
+        return self.model.get_submodule(self.spec.vision_module) if self.spec.vision_module else None
 
     # ---- prompts --------------------------------------------------------------------------------------------------
 
@@ -164,23 +179,36 @@ class PolicyBase:
         scored = hidden[:, prompt_len - 1 : -1][mask]  # [K, H]: positions that predict completion tokens
         return self.score_positions(scored, completion_ids, mask, chunk_size=chunk_size, temperature=temperature)
 
+    def output_layer(self) -> tuple[torch.nn.Module, Any]:
+        """``(module, read)``: the module whose forward computes the logits and ``read() -> (weight, bias)`` of the
+        head the forward really uses. The model's own output embedding here; :func:`mmgpg.models.lora.attach`
+        replaces this lookup with one through PEFT's wrappers when it injects an adapter (a model without LoRA runs
+        no LoRA code when it scores)."""
+        head = self.model.get_output_embeddings()
+        return head, lambda: (head.weight, head.bias)
+
     def score_positions(self, scored: torch.Tensor, completion_ids: torch.Tensor, mask: torch.Tensor, *,
                         chunk_size: int, temperature: float) -> torch.Tensor:
         """:meth:`score_hidden` from the hidden states ``scored [K, H]`` of the ``K = mask.sum()`` positions that
         predict the masked-in completion tokens, in ``mask``'s row-major order (a packed forward gathers them from
         its one long row)."""
-        from mmgpg.models.lora import output_head, output_module
-
-        head = output_module(self.model)  # the module owning the head's weights (through PEFT's wrapper)
+        head, read = self.output_layer()
 
         def score(hidden_, targets_):  # reads the head's weights only inside head's own call (see call_through)
-            weight, bias = output_head(self.model)  # through PEFT's wrappers: the head the forward really uses
+            weight, bias = read()
             return chunked_token_logprobs(hidden_, weight, targets_, chunk_size=chunk_size, bias=bias,
                                           temperature=temperature, excluded_token_ids=self.suppressed_token_ids)
 
         logp = call_through(head, score, scored, completion_ids[mask])
         out = torch.zeros(completion_ids.shape, dtype=logp.dtype, device=scored.device)
         return out.masked_scatter(mask, logp)
+
+
+def packing_refusal(spec: Family) -> str:
+    """Why ``model.packed_sequences=always`` cannot run with a family, and what to use."""
+    why = spec.packing_note or "not shown to be exact"
+    return (f"model.packed_sequences=always: {spec.title} cannot score packed rows ({why}); use "
+            "model.packed_sequences=auto or never")
 
 
 def call_through(module: torch.nn.Module, fn, *args):
@@ -192,37 +220,3 @@ def call_through(module: torch.nn.Module, fn, *args):
         return module(*args)
     finally:
         del module.forward
-
-
-def gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -> PromptBatch:
-    """Prompt ``p`` of each ``(batch, p)`` as one left-padded batch, with its images' pixel rows (none for text)."""
-    if not rows:
-        raise ValueError("gather_prompts needs at least one (batch, prompt index)")
-    ids, mm, pixels, grids, per_prompt, texts = [], [], [], [], [], []
-    for batch, p in rows:
-        keep = batch.attention_mask[p].bool()
-        ids.append(batch.input_ids[p][keep])
-        mm.append(batch.mm_token_type_ids[p][keep])
-        n_images = batch.images_per_prompt[p]
-        if n_images:
-            first = sum(batch.images_per_prompt[:p])
-            counts = batch.image_grid_thw.prod(-1)
-            start = int(counts[:first].sum())
-            pixels.append(batch.pixel_values[start : start + int(counts[first : first + n_images].sum())])
-            grids.append(batch.image_grid_thw[first : first + n_images])
-        per_prompt.append(n_images)
-        texts.append(batch.texts[p])
-    width = max(len(x) for x in ids)
-
-    def left_pad(rows_, value):
-        return torch.stack([torch.cat([r.new_full((width - len(r),), value), r]) for r in rows_])
-
-    return PromptBatch(
-        input_ids=left_pad(ids, pad_token_id),
-        attention_mask=left_pad([torch.ones_like(r) for r in ids], 0),
-        mm_token_type_ids=left_pad(mm, 0),
-        pixel_values=torch.cat(pixels) if pixels else None,
-        image_grid_thw=torch.cat(grids) if grids else None,
-        images_per_prompt=per_prompt,
-        texts=texts,
-    )

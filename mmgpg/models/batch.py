@@ -1,44 +1,99 @@
 """The batches that cross the model seam: prompts (:class:`PromptBatch`, what a policy's ``encode_prompts`` makes)
 and prompts with completions (:class:`CompletionBatch`, what a rollout engine returns and ``completion_logprobs``
-scores). Plain tensors and lists; no model code."""
+scores). Plain tensors and lists; no model code, and nothing of any one model family: a prompt's vision inputs are
+the processor's own tensors, kept per prompt (:attr:`PromptBatch.vision`) and joined by :func:`join_vision`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 
 @dataclass
 class PromptBatch:
-    """Left-padded chat prompts with their images, as the processor returns them."""
+    """Left-padded chat prompts with their media.
+
+    ``vision[p]`` holds prompt ``p``'s vision inputs exactly as the family's processor returns them for that prompt
+    alone (Qwen-VL: ``pixel_values`` rows and ``image_grid_thw``; Gemma 3: ``pixel_values`` per image; ...; ``{}``
+    for a prompt without media), so any subset of prompts is a batch again (:meth:`select`, the update's
+    micro-batches) and a family joins them for its forward with :func:`join_vision`."""
 
     input_ids: torch.Tensor  # [P, Lp]
     attention_mask: torch.Tensor  # [P, Lp]
-    mm_token_type_ids: torch.Tensor  # [P, Lp]; 1 at image tokens
-    pixel_values: torch.Tensor | None  # [sum_i t*h*w, C*T*p*p], flat over all images of all prompts
-    image_grid_thw: torch.Tensor | None  # [num_images, 3]
-    images_per_prompt: list[int]
+    mm_token_type_ids: torch.Tensor  # [P, Lp]; transformers' convention: 0 text, 1 image placeholder, 2 video
+    vision: list[dict[str, torch.Tensor]]  # per prompt: the processor's vision tensors for it ({}: no media)
+    media: list[list[Any]]  # per prompt: the loaded media the processor saw (an engine that takes images: vLLM)
     texts: list[str]
-    images: list | None = None  # the loaded, resized images the processor saw (flat over prompts); encode_prompts only
 
     @property
     def num_prompts(self) -> int:
         return self.input_ids.shape[0]
 
-    def prompt_images(self) -> list[list]:
-        """:attr:`images` per prompt (for an engine that takes images rather than pixel tensors, such as vLLM)."""
-        if self.images is None and sum(self.images_per_prompt):
-            raise ValueError("this PromptBatch does not carry its images (only encode_prompts' batches do)")
-        out, start = [], 0
-        for n in self.images_per_prompt:
-            out.append(list(self.images[start : start + n]) if n else [])
-            start += n
-        return out
+    @property
+    def media_per_prompt(self) -> list[int]:
+        return [len(m) for m in self.media]
 
     def to(self, device: torch.device | str) -> PromptBatch:
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in self.__dict__.items()}
-        return PromptBatch(**moved)
+        def move(v):
+            return v.to(device) if isinstance(v, torch.Tensor) else v
+
+        return PromptBatch(move(self.input_ids), move(self.attention_mask), move(self.mm_token_type_ids),
+                           [{k: move(t) for k, t in part.items()} for part in self.vision], self.media, self.texts)
+
+
+def join_vision(parts: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The per-prompt vision inputs ``parts`` as one batch's: each key's tensors concatenated along dim 0, in order.
+    Where their trailing shapes differ (a processor that pads within its own batch, e.g. the images of a prompt to the
+    batch's largest count), each is zero-padded at the end of every trailing dim to the largest first; a prompt
+    without media adds nothing.
+
+    >>> join_vision([{"x": torch.ones(2, 1)}, {}, {"x": torch.zeros(1, 1)}])["x"].tolist()
+    [[1.0], [1.0], [0.0]]
+    >>> join_vision([{"m": torch.ones(1, 1)}, {"m": torch.ones(1, 2)}])["m"].tolist()
+    [[1.0, 0.0], [1.0, 1.0]]
+    """
+    keys: list[str] = []
+    for part in parts:
+        keys += [k for k in part if k not in keys]
+    out = {}
+    for key in keys:
+        tensors = [part[key] for part in parts if key in part]
+        shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].ndim)]
+        padded = []
+        for t in tensors:
+            pad = [x for d in reversed(range(1, t.ndim)) for x in (0, shape[d - 1] - t.shape[d])]
+            padded.append(torch.nn.functional.pad(t, pad) if any(pad) else t)
+        out[key] = torch.cat(padded) if len(padded) > 1 else padded[0]
+    return out
+
+
+def gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -> PromptBatch:
+    """Prompt ``p`` of each ``(batch, p)`` as one left-padded batch, with its vision inputs and media: how the
+    update reuses the prompts the rollout already encoded (images preprocessed once per step) for micro-batches of
+    groups from any attempts."""
+    if not rows:
+        raise ValueError("gather_prompts needs at least one (batch, prompt index)")
+    ids, mm = [], []
+    for batch, p in rows:
+        keep = batch.attention_mask[p].bool()
+        ids.append(batch.input_ids[p][keep])
+        mm.append(batch.mm_token_type_ids[p][keep])
+    width = max(len(x) for x in ids)
+
+    def left_pad(rows_, value):
+        return torch.stack([torch.cat([r.new_full((width - len(r),), value), r]) for r in rows_])
+
+    return PromptBatch(
+        input_ids=left_pad(ids, pad_token_id),
+        attention_mask=left_pad([torch.ones_like(r) for r in ids], 0),
+        mm_token_type_ids=left_pad(mm, 0),
+        vision=[batch.vision[p] for batch, p in rows],
+        media=[batch.media[p] for batch, p in rows],
+        texts=[batch.texts[p] for batch, p in rows],
+    )
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from mmgpg.models import DTYPES, FAMILIES, POLICIES, TINY_PREFIX, Policy
+from mmgpg.models import DTYPES, FAMILIES, TINY_PREFIX, Policy, family
 
 
 def cache_dir() -> Path:
@@ -23,7 +23,8 @@ def cache_dir() -> Path:
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """Map ``tiny`` / ``tiny:<family>`` (``tiny:qwen2_5_vl``, ``tiny:qwen2``) to an offline-built model directory (built once, then cached).
+    """Map ``tiny`` / ``tiny:<family>`` (``tiny:qwen2_5_vl``, ``tiny:qwen3_vl``, ``tiny:qwen2``: any registered family)
+    to an offline-built model directory (built once, then cached).
 
     Any other value is returned unchanged: a local directory or a Hugging Face hub id.
     """
@@ -83,16 +84,17 @@ def _build_tiny(target: Path, family: str) -> None:
 
 
 def policy_class(model_type: str | None, what: str = "this") -> type:
-    """The policy class of a checkpoint's ``model_type`` (:data:`mmgpg.models.POLICIES`); a clear error for any other.
-    ``what`` names the model in the message."""
-    if model_type not in POLICIES:
-        raise ValueError(f"{what} is a {model_type!r} model; mmgpg supports {', '.join(POLICIES)}")
-    return POLICIES[model_type]
+    """The policy class of a checkpoint's ``model_type`` (its :class:`~mmgpg.models.Family` in
+    :data:`mmgpg.models.FAMILIES`); a clear error for any other. ``what`` names the model in the message."""
+    from mmgpg.registry import load_target
+
+    return load_target(family(model_type, what).policy)
 
 
 def auto_model_class(model_type: str | None, what: str = "this"):
-    """The transformers auto class that builds a ``model_type`` model (``from_config`` / ``from_pretrained``):
-    ``AutoModelForImageTextToText`` for the Qwen-VL families, ``AutoModelForCausalLM`` for the text ones."""
+    """The transformers auto class that builds a ``model_type`` model (``from_config`` / ``from_pretrained``): its
+    policy's ``auto_model`` (``AutoModelForImageTextToText`` for vision-language families, ``AutoModelForCausalLM``
+    for text ones)."""
     import transformers
 
     return getattr(transformers, policy_class(model_type, what).auto_model)
@@ -112,8 +114,8 @@ def no_remote_code(load, source: str, *args, **kwargs):
             raise
         raise RemoteCodeRefused(
             f"model {str(source)!r} runs code of its own to load (its config.json maps transformers' Auto classes to "
-            "Python files of the model folder: auto_map). mmgpg never runs a model folder's code. Use a Qwen2-VL or "
-            "Qwen2.5-VL model that transformers supports itself.") from None
+            "Python files of the model folder: auto_map). mmgpg never runs a model folder's code. Use a model of a "
+            f"family that transformers implements itself ({', '.join(FAMILIES)}).") from None
 
 
 def read_model_config(path: str):
@@ -161,10 +163,10 @@ def load_policy(
     device: torch.device | str | None = None,
     max_prompt_length: int | None = None,
 ) -> Policy:
-    """Load a policy from a hub id or a local directory (never ``trust_remote_code``): the class is the one
-    :data:`mmgpg.models.POLICIES` maps the checkpoint's ``model_type`` to (Qwen2-VL / Qwen2.5-VL, or a text-only Qwen2).
+    """Load a policy from a hub id or a local directory (never ``trust_remote_code``): the class is the one the
+    checkpoint's ``model_type`` names in :data:`mmgpg.models.FAMILIES` (the Qwen-VL policy, the text policy, ...).
 
-    ``name_or_path`` may also be ``tiny``, ``tiny:qwen2_5_vl`` or ``tiny:qwen2`` for a model built offline
+    ``name_or_path`` may also be ``tiny`` or ``tiny:<family>`` (``tiny:qwen3_vl``, ``tiny:qwen2``) for a model built offline
     (:mod:`mmgpg.models.tiny`). ``device="meta"`` builds the model without reading its weights (for checks that need
     only shapes and the processor, such as ``mmgpg check``). ``min_pixels``/``max_pixels`` apply to models that take
     images only.

@@ -33,15 +33,13 @@ if TYPE_CHECKING:
 LORA_LANGUAGE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_DIR = "adapter"  # a checkpoint's PEFT adapter folder, beside policy/ (the merged model)
 
-# Linear layers of the vision tower's blocks: Qwen2-VL (fc1/fc2) and Qwen2.5-VL (gated MLP).
-_VISION_TARGETS = r"model\.visual\.blocks\.\d+\.(?:attn\.(?:qkv|proj)|mlp\.(?:fc1|fc2|gate_proj|up_proj|down_proj))"
-_MERGER_TARGETS = r"model\.visual\.merger\.mlp\.(?:0|2)"  # the merger MLP's two Linear layers (1 is the GELU)
-
-
-def target_regex(lora_cfg) -> str:
+def target_regex(lora_cfg, spec=None) -> str:
     """The PEFT ``target_modules`` regex (``re.fullmatch`` on full module names) of ``model.lora``: the named linear
-    layers of the language model's decoder layers (``model.language_model.layers.N`` in Qwen2-VL / Qwen2.5-VL,
-    ``model.layers.N`` in a text-only Qwen2), plus the vision blocks and the merger when opted in.
+    layers of the language model's decoder layers (``model.language_model.layers.N`` in the vision-language models,
+    ``model.layers.N`` in a text-only one), plus, when opted in, the vision blocks and the merger as the family
+    declares them (``spec``: its :class:`~mmgpg.models.Family`; ``lora_vision`` / ``lora_merger``). A mixture of
+    experts' experts are fused 3-D parameters in transformers, not linear layers: no name matches them, so they
+    get no adapter (attention and dense MLP layers do).
 
     >>> from mmgpg.config import LoraConfig
     >>> bool(re.fullmatch(target_regex(LoraConfig(rank=4)), "model.language_model.layers.3.self_attn.q_proj"))
@@ -55,10 +53,14 @@ def target_regex(lora_cfg) -> str:
     if lora_cfg.target_modules:
         names = "|".join(re.escape(n) for n in lora_cfg.target_modules)
         parts.append(rf"model\.(?:language_model\.)?layers\.\d+\.(?:[\w.]+\.)?(?:{names})")
-    if lora_cfg.vision:
-        parts.append(_VISION_TARGETS)
-    if lora_cfg.merger:
-        parts.append(_MERGER_TARGETS)
+    for wanted, pattern, what in ((lora_cfg.vision, getattr(spec, "lora_vision", ""), "vision"),
+                                  (lora_cfg.merger, getattr(spec, "lora_merger", ""), "merger")):
+        if wanted and not pattern:
+            title = getattr(spec, "title", "this")
+            raise ValueError(f"model.lora.{what}=true: the {title} family declares no {what} layers to adapt. Set "
+                             f"model.lora.{what}=false.")
+        if wanted:
+            parts.append(pattern)
     return "|".join(f"(?:{p})" for p in parts)
 
 
@@ -133,6 +135,8 @@ def attach(policy, lora_cfg, adapter_dir: str | Path | None = None) -> None:
     if adapter_dir is not None:
         load_adapter(peft_model, lora_cfg, Path(adapter_dir))
     policy.peft = peft_model
+    # scoring reads the head through PEFT's wrappers from now on (the trained copy, or the original while disabled)
+    policy.output_layer = lambda: (output_module(model), lambda: output_head(model))
 
 
 def _peft_config(model, lora_cfg):
@@ -145,7 +149,15 @@ def _peft_config(model, lora_cfg):
                          "(tie_word_embeddings); a separately trained head cannot be saved as this model. Train "
                          "embed_tokens instead (it is the head too), or leave both frozen.")
     return LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
-                      target_modules=target_regex(lora_cfg), modules_to_save=trainable or None, bias="none")
+                      target_modules=target_regex(lora_cfg, _spec(model)), modules_to_save=trainable or None,
+                      bias="none")
+
+
+def _spec(model):
+    """The :class:`~mmgpg.models.Family` of ``model`` (by its config's ``model_type``)."""
+    from mmgpg.models import family
+
+    return family(getattr(model.config, "model_type", None))
 
 
 def _inject(model, lora_cfg):
@@ -399,18 +411,20 @@ def count_parameters(model, lora_cfg) -> dict[str, int | bool]:
     """
     import torch
 
-    pattern = re.compile(target_regex(lora_cfg))
+    spec = _spec(model) if hasattr(model, "config") else None
+    pattern = re.compile(target_regex(lora_cfg, spec))
+    tower = f"{spec.vision_module}." if spec is not None and spec.vision_module else None
     adapter, vision, full, head = 0, False, 0, False
     names = {n: m for n, m in model.named_modules() if n}
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     for name, module in names.items():
         if isinstance(module, torch.nn.Linear) and pattern.fullmatch(name):
             adapter += lora_cfg.rank * (module.in_features + module.out_features)
-            vision = vision or ".visual." in f".{name}."
+            vision = vision or (tower is not None and f"{name}.".startswith(tower))
     for wanted in lora_cfg.trainable_modules:
         for name, module in names.items():
             if name == wanted or name.endswith("." + wanted):
                 full += sum(p.numel() for p in module.parameters())
-                vision = vision or ".visual." in f".{name}."
+                vision = vision or (tower is not None and f"{name}.".startswith(tower))
                 head = head or module is output
     return {"adapter": adapter, "full": full, "vision": vision, "head": head}

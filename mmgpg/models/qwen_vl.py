@@ -1,7 +1,8 @@
-"""The policy: a Qwen2-VL / Qwen2.5-VL model, its processor, and the operations RL needs from them.
+"""The Qwen-VL policy: a Qwen2-VL / Qwen2.5-VL / Qwen3-VL (dense or MoE) model, its processor, and the operations RL
+needs from them.
 
-Everything Qwen2-VL-specific (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``, M-RoPE, vision special
-tokens) stays in this file. The rest of mmgpg sees three operations:
+Everything Qwen-VL-specific (``pixel_values`` rows and ``image_grid_thw``, M-RoPE, vision special tokens, DeepStack
+features) stays in this file. The rest of mmgpg sees three operations:
 
 * :meth:`Policy.encode_prompts` — chat conversations with images → one left-padded :class:`PromptBatch`. Images go
   through ``qwen_vl_utils`` (paths, URLs, base64, PIL) with the configured ``min_pixels``/``max_pixels``; rollout and
@@ -11,7 +12,12 @@ tokens) stays in this file. The rest of mmgpg sees three operations:
 * :meth:`Policy.completion_logprobs` — per-token log-probabilities of the completion tokens only, differentiable,
   computed from hidden states in chunks so that peak memory is O(chunk × vocab) rather than
   O(batch × length × vocab). Each prompt's images are encoded once and the features shared by its ``group_size``
-  sequences (``encode_images_once``); gradients from all copies flow back into the one vision-tower pass.
+  sequences (``encode_images_once``; Qwen3-VL's DeepStack features too); gradients from all copies flow back into
+  the one vision-tower pass.
+
+A prompt's vision inputs travel per prompt (:attr:`PromptBatch.vision`: its ``pixel_values`` rows and its images'
+``image_grid_thw``); they are joined for a forward (:func:`~mmgpg.models.batch.join_vision`), which gives exactly the
+processor's batched tensors.
 
 The EOS, sampling and scoring rules are :class:`mmgpg.models.base.PolicyBase`'s, shared with the text policy.
 """
@@ -24,9 +30,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from mmgpg.models import QWEN_VL_FAMILIES
 from mmgpg.models.base import PolicyBase
-from mmgpg.models.batch import CompletionBatch, PromptBatch
+from mmgpg.models.batch import CompletionBatch, PromptBatch, join_vision
 from mmgpg.models.logprobs import group_image_index
 
 VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
@@ -37,15 +42,14 @@ VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
 # --------------------------------------------------------------------------------------------------------------------
 
 
-PACKING_UNSUPPORTED = (
-    "model.packed_sequences=always: Qwen2-VL / Qwen2.5-VL policies cannot score packed rows (their 3-D rotary positions "
-    "are computed from each padded row and its images); use model.packed_sequences=auto or never (their micro-batches "
-    "are length-grouped and trimmed instead)")
+# The families this policy drives (their processors return pixel_values rows with image_grid_thw, and their forward
+# takes mm_encoder_outputs with the vision features of every image).
+QWEN_VL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 
 
 class QwenVLPolicy(PolicyBase):
-    """A loaded Qwen2-VL / Qwen2.5-VL model with its processor (implements :class:`mmgpg.models.Policy`). Build one
-    with :func:`mmgpg.models.load.load_policy`."""
+    """A loaded Qwen2-VL / Qwen2.5-VL / Qwen3-VL model with its processor (implements :class:`mmgpg.models.Policy`).
+    Build one with :func:`mmgpg.models.load.load_policy`."""
 
     auto_model: ClassVar[str] = "AutoModelForImageTextToText"  # the transformers classes that load its checkpoints
     auto_processor: ClassVar[str] = "AutoProcessor"
@@ -53,11 +57,9 @@ class QwenVLPolicy(PolicyBase):
 
     def __init__(self, model, processor, *, min_pixels: int, max_pixels: int, max_prompt_length: int | None = None):
         model_type = getattr(model.config, "model_type", None)
-        if model_type not in QWEN_VL_FAMILIES:
-            raise ValueError(
-                f"mmgpg supports model types {', '.join(QWEN_VL_FAMILIES)}; got {model_type!r}. "
-                "Load a Qwen2-VL or Qwen2.5-VL checkpoint (e.g. Qwen/Qwen2-VL-2B-Instruct)."
-            )
+        if model_type not in QWEN_VL_TYPES:
+            raise ValueError(f"QwenVLPolicy drives the model types {', '.join(QWEN_VL_TYPES)}; got {model_type!r}. "
+                             "Load a model with mmgpg.models.load.load_policy, which picks its family's policy.")
         if not 0 < min_pixels <= max_pixels:
             raise ValueError(f"need 0 < min_pixels <= max_pixels; got min_pixels={min_pixels}, max_pixels={max_pixels}")
         tok = processor.tokenizer
@@ -69,11 +71,7 @@ class QwenVLPolicy(PolicyBase):
         self.vision_token_ids: list[int] = [i for i in ids if i is not None and i != tok.unk_token_id]
         self.suppressed_token_ids = self.vision_token_ids  # never sampled, excluded from the scored softmax
         self.image_token_id: int = model.config.image_token_id
-        self.patch_size: int = int(getattr(processor.image_processor, "patch_size", 14))
-
-    @property
-    def vision_tower(self) -> torch.nn.Module:
-        return self.model.model.visual
+        self.patch_size: int = int(getattr(processor.image_processor, "patch_size", 14))  # Qwen3-VL: 16
 
     # ---- prompts --------------------------------------------------------------------------------------------------
 
@@ -135,16 +133,9 @@ class QwenVLPolicy(PolicyBase):
             mm = (input_ids == self.image_token_id).long()
         self.check_prompt_lengths(enc["attention_mask"], "Image tokens count too; lower model.max_pixels or raise "
                                   "max_prompt_length.")
-        return PromptBatch(
-            input_ids=input_ids,
-            attention_mask=enc["attention_mask"],
-            mm_token_type_ids=mm,
-            pixel_values=enc.get("pixel_values"),
-            image_grid_thw=enc.get("image_grid_thw"),
-            images_per_prompt=images_per_prompt,
-            texts=texts,
-            images=images,
-        )
+        return PromptBatch(input_ids=input_ids, attention_mask=enc["attention_mask"], mm_token_type_ids=mm,
+                           vision=split_vision(enc.get("pixel_values"), enc.get("image_grid_thw"), images_per_prompt),
+                           media=split_media(images or [], images_per_prompt), texts=texts)
 
     # ---- sampling -------------------------------------------------------------------------------------------------
 
@@ -165,8 +156,7 @@ class QwenVLPolicy(PolicyBase):
             attention_mask=batch.attention_mask,
             mm_token_type_ids=batch.mm_token_type_ids,
         )
-        if batch.pixel_values is not None:
-            inputs.update(pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw)
+        inputs.update(join_vision(batch.vision))
         return self._sample(inputs, prompts, group_size, max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p, top_k=top_k)
 
@@ -185,22 +175,20 @@ class QwenVLPolicy(PolicyBase):
 
     # ---- scoring --------------------------------------------------------------------------------------------------
 
-    def _image_encoder_outputs(self, batch: PromptBatch, index: list[int]) -> dict[str, Any]:
+    def _image_encoder_outputs(self, vision: dict[str, torch.Tensor], index: list[int]) -> dict[str, Any]:
         """Vision features of every image once, then shared by the copies of its prompt (``index``:
-        :func:`group_image_index`)."""
-        from transformers.modeling_outputs import BaseModelOutputWithPooling
+        :func:`group_image_index`): the merged patch features, and Qwen3-VL's DeepStack features (each level
+        indexed the same way)."""
+        feats = self.model.model.get_image_features(vision["pixel_values"], vision["image_grid_thw"], return_dict=True)
+        shared = {"pooler_output": tuple(feats.pooler_output[i] for i in index)}
+        if getattr(feats, "deepstack_features", None) is not None:
+            shared["deepstack_features"] = [tuple(level[i] for i in index) for level in feats.deepstack_features]
+        return {"mm_encoder_outputs": {"image": type(feats)(**shared)}}
 
-        feats = self.model.model.get_image_features(batch.pixel_values, batch.image_grid_thw, return_dict=True)
-        per_image = feats.pooler_output
-        return {"mm_encoder_outputs": {"image": BaseModelOutputWithPooling(pooler_output=tuple(per_image[i] for i in index))}}
-
-    def _repeated_pixels(self, batch: PromptBatch, index: list[int]) -> dict[str, Any]:
+    def _repeated_pixels(self, vision: dict[str, torch.Tensor], index: list[int]) -> dict[str, Any]:
         """Pixel rows of every image repeated per copy (the vision tower then runs once per copy of each image)."""
-        rows = batch.image_grid_thw.prod(-1).tolist()
-        blocks = torch.split(batch.pixel_values, rows)
+        blocks = torch.split(vision["pixel_values"], vision["image_grid_thw"].prod(-1).tolist())
         return {"pixel_values": torch.cat([blocks[i] for i in index])}
-
-    supports_packing = False  # Qwen-VL's 3-D rotary positions are computed from padded rows (PACKING_UNSUPPORTED)
 
     def completion_logprobs(
         self,
@@ -218,8 +206,7 @@ class QwenVLPolicy(PolicyBase):
         each completion token, scored by the output embedding in chunks of ``chunk_size`` tokens
         (:meth:`~mmgpg.models.base.PolicyBase.score_hidden`). Only masked-in positions are scored.
         """
-        if packed:
-            raise ValueError(PACKING_UNSUPPORTED)
+        self.check_packing(packed)  # never packable (Family.packing): M-RoPE, Qwen3.5's recurrent layers
         batch, G = rollout.prompts, rollout.group_size
         comp_ids, comp_mask = rollout.completion_ids, rollout.completion_mask
         device = self.device
@@ -230,12 +217,43 @@ class QwenVLPolicy(PolicyBase):
         attention_mask = torch.cat([batch.attention_mask.repeat_interleave(G, 0), comp_mask.long()], dim=1)
         mm = torch.cat([batch.mm_token_type_ids.repeat_interleave(G, 0), torch.zeros_like(comp_ids)], dim=1)
         kwargs: dict[str, Any] = dict(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=mm)
-        if batch.pixel_values is not None:
-            index = group_image_index(batch.images_per_prompt, G)
-            kwargs["image_grid_thw"] = batch.image_grid_thw[index]
-            kwargs.update(self._image_encoder_outputs(batch, index) if encode_images_once
-                          else self._repeated_pixels(batch, index))
+        vision = join_vision(batch.vision)
+        if vision:
+            index = group_image_index(batch.media_per_prompt, G)
+            kwargs["image_grid_thw"] = vision["image_grid_thw"][index]
+            kwargs.update(self._image_encoder_outputs(vision, index) if encode_images_once
+                          else self._repeated_pixels(vision, index))
         hidden = self.model.model(**kwargs, use_cache=False).last_hidden_state
         return self.score_hidden(hidden, prompt_len, comp_ids, comp_mask, chunk_size=chunk_size,
                                  temperature=temperature)
 
+
+
+def split_vision(pixel_values: torch.Tensor | None, grid_thw: torch.Tensor | None,
+                 images_per_prompt: Sequence[int]) -> list[dict[str, torch.Tensor]]:
+    """The processor's batched ``pixel_values`` (rows flat over all images: image ``i`` owns ``prod(grid_thw[i])``)
+    and ``image_grid_thw`` as each prompt's own (views, no copy); ``{}`` for a prompt without images."""
+    out: list[dict[str, torch.Tensor]] = []
+    rows = grid_thw.prod(-1).tolist() if grid_thw is not None else []
+    image = row = 0
+    for n in images_per_prompt:
+        if not n:
+            out.append({})
+            continue
+        count = sum(rows[image : image + n])
+        out.append({"pixel_values": pixel_values[row : row + count], "image_grid_thw": grid_thw[image : image + n]})
+        image, row = image + n, row + count
+    return out
+
+
+def split_media(items: Sequence[Any], per_prompt: Sequence[int]) -> list[list[Any]]:
+    """A flat list of media (the images of all prompts, in order) as one list per prompt.
+
+    >>> split_media(["a", "b", "c"], [2, 0, 1])
+    [['a', 'b'], [], ['c']]
+    """
+    out, start = [], 0
+    for n in per_prompt:
+        out.append(list(items[start : start + n]))
+        start += n
+    return out

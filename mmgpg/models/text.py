@@ -3,9 +3,9 @@ DeepSeek-R1-Distill-Qwen) with its tokenizer, and the three operations RL needs 
 
 * :meth:`TextPolicy.encode_prompts` — chat conversations → one left-padded :class:`PromptBatch` through the
   tokenizer's own chat template (or a raw prompt). A message's content is a string or a list of text parts (joined);
-  an image or video part is refused with a clear error. The batch has no images: ``mm_token_type_ids`` is all zeros,
-  ``pixel_values`` / ``image_grid_thw`` / ``images`` are None and ``images_per_prompt`` is 0 for every prompt, so every
-  consumer of a :class:`PromptBatch` (gathering prompts for the update, the pre-flight's token counts) works unchanged.
+  an image or video part is refused with a clear error. The batch has no media: ``mm_token_type_ids`` is all zeros
+  and every prompt's ``vision`` and ``media`` are empty, so every consumer of a :class:`PromptBatch` (gathering
+  prompts for the update, the pre-flight's token counts) works unchanged.
 * :meth:`TextPolicy.generate` and :meth:`TextPolicy.completion_logprobs` — the same EOS, sampling and chunked scoring
   rules as the Qwen-VL policy (:class:`mmgpg.models.base.PolicyBase`). Nothing is suppressed: the sampler draws
   from the whole vocabulary, and the scorer normalises over it.
@@ -82,7 +82,8 @@ def pack_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_id
 
 class TextPolicy(PolicyBase):
     """A loaded text-only causal LM with its tokenizer (implements :class:`mmgpg.models.Policy`). Build one with
-    :func:`mmgpg.models.load.load_policy`; the families it serves are those :data:`mmgpg.models.POLICIES` maps here.
+    :func:`mmgpg.models.load.load_policy`; the families it serves are those whose :class:`~mmgpg.models.Family` names
+    it (:data:`mmgpg.models.FAMILIES`).
     """
 
     auto_model: ClassVar[str] = "AutoModelForCausalLM"  # the transformers classes that load its checkpoints
@@ -112,8 +113,8 @@ class TextPolicy(PolicyBase):
             kind = _media_kind(part)
             if kind is not None:
                 raise ValueError(f"{where} has an {kind} part, but this is a text-only model: mmgpg's text policies "
-                                 "take no images. Use a vision-language model (model.name_or_path of a qwen2_vl / "
-                                 "qwen2_5_vl checkpoint, or model=tiny) for a task with images.")
+                                 "take no images. Use a vision-language model (a Qwen2-VL, Qwen2.5-VL or "
+                                 "Qwen3-VL checkpoint, or model=tiny) for a task with images.")
             if isinstance(part, str):
                 pieces.append(part)
             elif isinstance(part, dict) and "text" in part:
@@ -146,29 +147,21 @@ class TextPolicy(PolicyBase):
         enc = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
         self.check_prompt_lengths(enc["attention_mask"], "Raise model.max_prompt_length or shorten the prompt.")
         input_ids = enc["input_ids"]
-        return PromptBatch(
-            input_ids=input_ids,
-            attention_mask=enc["attention_mask"],
-            mm_token_type_ids=torch.zeros_like(input_ids),
-            pixel_values=None,
-            image_grid_thw=None,
-            images_per_prompt=[0] * len(texts),
-            texts=texts,
-        )
+        return PromptBatch(input_ids=input_ids, attention_mask=enc["attention_mask"],
+                           mm_token_type_ids=torch.zeros_like(input_ids), vision=[{} for _ in texts],
+                           media=[[] for _ in texts], texts=texts)
 
     # ---- sampling and scoring -------------------------------------------------------------------------------------
 
     def generate(self, prompts: PromptBatch, group_size: int, *, max_new_tokens: int, temperature: float = 1.0,
                  top_p: float = 1.0, top_k: int = 0) -> CompletionBatch:
         """Sample ``group_size`` completions per prompt (HF ``generate`` with :meth:`sampling_kwargs`)."""
-        if sum(prompts.images_per_prompt):
+        if sum(prompts.media_per_prompt):
             raise ValueError("a text-only policy cannot generate from prompts with images")
         batch = prompts.to(self.device)
         inputs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         return self._sample(inputs, prompts, group_size, max_new_tokens=max_new_tokens, temperature=temperature,
                             top_p=top_p, top_k=top_k)
-
-    supports_packing = True
 
     def completion_logprobs(self, rollout: CompletionBatch, *, chunk_size: int = 1024, temperature: float = 1.0,
                             encode_images_once: bool = True, packed: bool = False) -> torch.Tensor:
@@ -176,6 +169,7 @@ class TextPolicy(PolicyBase):
         ``log softmax(z / temperature)`` over the whole vocabulary at the position before each completion token
         (:meth:`~mmgpg.models.base.PolicyBase.score_hidden`). ``encode_images_once`` has nothing to do here.
         ``packed``: the rows without padding as one sequence (:func:`pack_rows`; ``model.packed_sequences``)."""
+        self.check_packing(packed)
         batch, G = rollout.prompts.to(self.device), rollout.group_size
         comp_ids, comp_mask = rollout.completion_ids.to(self.device), rollout.completion_mask.to(self.device)
         if packed:

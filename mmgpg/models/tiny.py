@@ -1,45 +1,36 @@
-"""Build a Qwen2-VL / Qwen2.5-VL model, or a text-only Qwen2 (``--family qwen2``), offline, with the real
-transformers classes.
+"""Build a model of any registered family offline, with the real transformers classes and random weights.
 
 Nothing here downloads anything. The result is a standard Hugging Face directory — ``config.json``,
 ``generation_config.json``, ``model.safetensors``, ``tokenizer.json``, ``chat_template.jinja`` and (vision-language
-families) ``processor_config.json`` — that ``AutoProcessor.from_pretrained(dir)`` and
-``AutoModelForImageTextToText.from_pretrained(dir)`` load, exactly like a hub checkpoint; for ``qwen2``,
-``AutoTokenizer`` and ``AutoModelForCausalLM`` (a ``Qwen2ForCausalLM``; transformers loads the tokenizer as its
-``Qwen2Tokenizer`` over the trained vocabulary, with Qwen's own pre-tokenizer, as for a real Qwen2.5 checkpoint).
+families) ``processor_config.json`` — that ``AutoProcessor`` and ``AutoModelForImageTextToText`` (a text family:
+``AutoTokenizer`` and ``AutoModelForCausalLM``) load, exactly like a hub checkpoint.
 
-Sizes:
+What is shared lives here: a byte-level BPE tokenizer of 1,024 tokens trained on a small synthetic corpus
+(:func:`build_tokenizer`), the :class:`Dims` of a model, and building, saving and counting. What is the family's own
+— its config class and its dimensions, its processor and its chat template — is in its family file, named by its
+:class:`~mmgpg.models.Family` ``tiny`` entry (:mod:`mmgpg.models.qwen2`, :mod:`mmgpg.models.qwen3`). A family file
+provides ``dims(family, size)``, ``config(family, dims, tokenizer)``, ``processor(family, tokenizer)`` and
+``model_class(family)``, and may provide ``finish(model)`` (changes to the random model, before its dtype).
 
-* ``tiny`` (default): about 1 M parameters, a byte-level BPE tokenizer of 1,024 tokens trained here on a small
-  synthetic corpus, Qwen2-VL's 14 special tokens (ids 0–13) and a Qwen2-VL-style chat template. For tests and the
-  CPU demo.
-* ``shape_true``: the real Qwen2-VL-2B-Instruct (or Qwen2.5-VL-3B-Instruct) dimensions, vocabulary 151,936
-  included, randomly initialised; ``shape_true_7b``: Qwen2.5-VL-7B-Instruct's (with :func:`save_config_only` only, for
-  ``mmgpg plan``: its weights would take 33 GB of memory to initialise). For memory and speed measurements; it has no knowledge. Its tokenizer is still
-  the small local one (ids < 1,024), which does not change any tensor shape the model computes with. For ``qwen2``
-  (text only) ``shape_true`` is DeepSeek-R1-Distill-Qwen-1.5B's language model and ``shape_true_7b`` that of
-  Qwen2.5-Math-7B (the same tensor shapes as DeepSeek-R1-Distill-Qwen-7B): the base models of the GPG paper's
-  unimodal rows (:data:`SHAPE_TRUE_TEXT`).
-
-The ``qwen2`` tiny model has the language model of the ``tiny`` Qwen2-VL (same widths, 2 layers, untied head, RoPE
-instead of M-RoPE), the same tokenizer and a Qwen2.5-Instruct-style chat template (:data:`TEXT_CHAT_TEMPLATE`).
+Sizes: ``tiny`` (about 1 M parameters, for tests and the CPU demo) for every family; ``shape_true`` /
+``shape_true_7b`` (a released checkpoint's dimensions, randomly initialised, for memory and speed measurements and
+``mmgpg plan``) where the family declares them (``Family.sizes``). The tokenizer is the small local one at every
+size (ids < 1,024), which changes no tensor shape the model computes with.
 """
 
 from __future__ import annotations
 
+import importlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from types import ModuleType
 
-from mmgpg.models import FAMILIES, TEXT_FAMILIES, QwenVLFamily, TextFamily
-
-Family = QwenVLFamily | TextFamily
-Size = Literal["tiny", "shape_true", "shape_true_7b"]
-SIZES: tuple[str, ...] = ("tiny", "shape_true", "shape_true_7b")
+from mmgpg.models import FAMILIES, Family
+from mmgpg.models import family as family_spec
 
 # Qwen2-VL's special tokens, in the order of their ids in the real tokenizer (151643 ... 151656).
-SPECIAL_TOKENS: tuple[str, ...] = (
+QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
     "<|endoftext|>",
     "<|im_start|>",
     "<|im_end|>",
@@ -54,49 +45,6 @@ SPECIAL_TOKENS: tuple[str, ...] = (
     "<|vision_pad|>",
     "<|image_pad|>",
     "<|video_pad|>",
-)
-
-DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
-
-# Both templates: a default system turn, then ``<|im_start|>role\n ... <|im_end|>\n`` per turn; they differ only in
-# how a content part is rendered.
-_TURNS_OPEN = (
-    "{%- set nl = '\\n' -%}"
-    "{%- for message in messages -%}"
-    "{%- if loop.first and message['role'] != 'system' -%}"
-    "<|im_start|>system{{ nl }}" + DEFAULT_SYSTEM_PROMPT + "<|im_end|>{{ nl }}"
-    "{%- endif -%}"
-    "<|im_start|>{{ message['role'] }}{{ nl }}"
-    "{%- if message['content'] is string -%}{{ message['content'] }}"
-    "{%- else -%}{%- for part in message['content'] -%}"
-)
-_TURNS_CLOSE = (
-    "{%- endif -%}"
-    "{%- endfor -%}{%- endif -%}"
-    "<|im_end|>{{ nl }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|im_start|>assistant{{ nl }}{%- endif -%}"
-)
-
-# A chat template written for mmgpg that renders the same text as Qwen2-VL-Instruct's: a default system turn, one
-# ``<|vision_start|><|image_pad|><|vision_end|>`` per image, ``<|im_start|>role\n ... <|im_end|>\n`` per turn.
-CHAT_TEMPLATE = (
-    _TURNS_OPEN +
-    "{%- if part['type'] == 'image' or 'image' in part or 'image_url' in part -%}"
-    "<|vision_start|><|image_pad|><|vision_end|>"
-    "{%- elif part['type'] == 'video' or 'video' in part -%}"
-    "<|vision_start|><|video_pad|><|vision_end|>"
-    "{%- elif 'text' in part -%}{{ part['text'] }}"
-    + _TURNS_CLOSE
-)
-
-# The text family's template, written for mmgpg in the layout of Qwen2.5-Instruct's: a default system turn and
-# ``<|im_start|>role\n ... <|im_end|>\n`` per turn. Content is a string or text parts; a text-only model refuses images.
-TEXT_CHAT_TEMPLATE = (
-    _TURNS_OPEN +
-    "{%- if 'text' in part -%}{{ part['text'] }}"
-    "{%- else -%}{{ raise_exception('this is a text-only model: a message part that is not text was given') }}"
-    + _TURNS_CLOSE
 )
 
 _WORDS = (
@@ -132,50 +80,73 @@ class Dims:
 TINY_VOCAB = 1024
 # head_dim 32 -> mrope_section must sum to head_dim / 2 = 16.
 TINY = Dims(TINY_VOCAB, 128, 512, 2, 4, 2, (4, 6, 6), 1e4, False, 2, 64, 4, 128)
-# Qwen2-VL-2B-Instruct and Qwen2.5-VL-3B-Instruct config.json values.
-SHAPE_TRUE = {
-    "qwen2_vl": Dims(151936, 1536, 8960, 28, 12, 2, (16, 24, 24), 1e6, True, 32, 1280, 16, 5120),
-    "qwen2_5_vl": Dims(151936, 2048, 11008, 36, 16, 2, (16, 24, 24), 1e6, True, 32, 1280, 16, 3420),
-}
 
 
-# Qwen2.5-VL-7B-Instruct, from its config.json (huggingface.co/Qwen/Qwen2.5-VL-7B-Instruct/blob/main/config.json):
-# vocab_size 152064, hidden_size 3584, intermediate_size 18944, num_hidden_layers 28, num_attention_heads 28,
-# num_key_value_heads 4, mrope_section [16, 24, 24], rope_theta 1e6, tie_word_embeddings false; vision_config depth
-# 32, hidden_size 1280, num_heads 16, intermediate_size 3420, out_hidden_size 3584 (the LLM width). The same LLM
-# numbers are in Table 1 of the Qwen2.5-VL technical report (arXiv:2502.13923: 28 layers, 4 KV heads, head size 128,
-# FFN 18944, no embedding tying). Qwen2.5-VL only: `dims_for` refuses it for qwen2_vl.
-SHAPE_TRUE_7B = Dims(152064, 3584, 18944, 28, 28, 4, (16, 24, 24), 1e6, False, 32, 1280, 16, 3420)
-
-# Text-only Qwen2 shapes (``--family qwen2``), from the checkpoints' config.json on the hub:
-# * shape_true: deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B (a Qwen2.5-Math-1.5B fine-tune; the GPG-RS1/RS3 rows):
-#   vocab_size 151936, hidden_size 1536, intermediate_size 8960, num_hidden_layers 28, num_attention_heads 12,
-#   num_key_value_heads 2, rope_theta 10000, tie_word_embeddings false.
-# * shape_true_7b: Qwen/Qwen2.5-Math-7B (the GPG-7B row and the Qwen2.5-Math-7B ablations): vocab_size 152064,
-#   hidden_size 3584, intermediate_size 18944, num_hidden_layers 28, num_attention_heads 28, num_key_value_heads 4,
-#   rope_theta 10000, tie_word_embeddings false (DeepSeek-R1-Distill-Qwen-7B has the same tensor shapes).
-# The vision fields and mrope_section are unused for a text model.
-SHAPE_TRUE_TEXT = {
-    "shape_true": Dims(151936, 1536, 8960, 28, 12, 2, (0, 0, 0), 1e4, False, 0, 0, 0, 0),
-    "shape_true_7b": Dims(152064, 3584, 18944, 28, 28, 4, (0, 0, 0), 1e4, False, 0, 0, 0, 0),
-}
+TINY_VOCAB = 1024
+# head_dim 32 -> an M-RoPE section must sum to head_dim / 2 = 16.
+TINY = Dims(TINY_VOCAB, 128, 512, 2, 4, 2, (4, 6, 6), 1e4, False, 2, 64, 4, 128)
 
 
-def dims_for(family: Family, size: Size) -> Dims:
-    _check_choice("family", family, FAMILIES)
-    _check_choice("size", size, SIZES)
-    if family in TEXT_FAMILIES:
-        return TINY if size == "tiny" else SHAPE_TRUE_TEXT[size]
-    if size == "shape_true_7b":
-        if family != "qwen2_5_vl":
-            raise ValueError("size shape_true_7b is Qwen2.5-VL-7B's shape: use --family qwen2_5_vl")
-        return SHAPE_TRUE_7B
-    return TINY if size == "tiny" else SHAPE_TRUE[family]
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def parts(family: str) -> tuple[Family, ModuleType]:
+    """The :class:`~mmgpg.models.Family` of ``family`` and its family file (the tiny builder's parts)."""
+    check_choice("family", family, tuple(FAMILIES))
+    spec = family_spec(family)
+    return spec, importlib.import_module(spec.tiny)
+
+
+def dims_for(family: str, size: str) -> Dims:
+    """The dimensions of ``family`` at ``size`` (one of its ``Family.sizes``)."""
+    return parts(family)[1].dims(family, size)
+
+
+def build_processor(family: str, tokenizer, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
+    """The family's processor around ``tokenizer`` (a text family: the tokenizer itself with its chat template)."""
+    return parts(family)[1].processor(family, tokenizer, min_pixels, max_pixels)
+
+
+def build_config(family: str, dims: Dims, tokenizer):
+    """The family's config with dimensions ``dims`` and the tokenizer's special-token ids."""
+    return parts(family)[1].config(family, dims, tokenizer)
+
+
+def build_model(family: str = "qwen2_vl", size: str = "tiny", seed: int = 0, dtype: str = "float32"):
+    """Return ``(model, processor)``: a randomly initialised model of the family's real class and its processor.
+    The caller's random streams (Python, NumPy, torch) are left exactly as they were, so a run that builds the model
+    first gives the same numbers as one that finds it cached."""
+    import numpy as np
+    import torch
+
+    module = parts(family)[1]
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            dims = module.dims(family, size)
+            tokenizer = build_tokenizer(seed)
+            processor = module.processor(family, tokenizer, 56 * 56, 112 * 112)
+            config = module.config(family, dims, tokenizer)
+            torch.manual_seed(seed)
+            model = module.model_class(family)(config)
+            if hasattr(module, "finish"):  # the family's own touches to the random model (e.g. the pad row)
+                module.finish(model)
+            model = model.to(getattr(torch, dtype))
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    gen = model.generation_config
+    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = generation_ids(tokenizer)
+    return model, processor
+
+
+def generation_ids(tokenizer) -> tuple[list[int], int, int]:
+    """``(eos ids, pad id, bos id)`` of a tiny model's generation config: Qwen's ``<|im_end|>`` and
+    ``<|endoftext|>`` (both end a completion), padding and beginning with ``<|endoftext|>``."""
+    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    return eos, eos[1], eos[1]
 
 
 def _corpus(seed: int, lines: int = 4000) -> list[str]:
@@ -192,7 +163,8 @@ def _corpus(seed: int, lines: int = 4000) -> list[str]:
 
 
 def build_tokenizer(seed: int = 0):
-    """Train a byte-level BPE with Qwen2-VL's special tokens (ids 0–13) and wrap it for transformers."""
+    """Train a byte-level BPE with Qwen's special tokens (ids 0–13, in the order of the real tokenizer's) and wrap it for
+    transformers; the family's ``processor`` part sets its chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -201,7 +173,7 @@ def build_tokenizer(seed: int = 0):
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=TINY_VOCAB,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(QWEN_SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -211,130 +183,13 @@ def build_tokenizer(seed: int = 0):
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         padding_side="left",
-        additional_special_tokens=list(SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:]),
+        additional_special_tokens=list(QWEN_SPECIAL_TOKENS[1:2] + QWEN_SPECIAL_TOKENS[3:]),
     )
-    tok.chat_template = CHAT_TEMPLATE
     return tok
 
 
-def build_processor(family: Family, tokenizer, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
-    """The Qwen2-VL image and video processors (both are required by transformers 5.x) plus the tokenizer; for a text
-    family, the tokenizer itself with the text chat template."""
-    if family in TEXT_FAMILIES:
-        tokenizer.chat_template = TEXT_CHAT_TEMPLATE
-        return tokenizer
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
-
-    size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
-    common = dict(size=size, patch_size=14, temporal_patch_size=2, merge_size=2)
-    cls = Qwen2VLProcessor if family == "qwen2_vl" else Qwen2_5_VLProcessor
-    return cls(
-        image_processor=Qwen2VLImageProcessor(**common),
-        tokenizer=tokenizer,
-        video_processor=Qwen2VLVideoProcessor(**common),
-        chat_template=CHAT_TEMPLATE,
-    )
-
-
-def build_config(family: Family, dims: Dims, tokenizer):
-    """A ``Qwen2VLConfig`` / ``Qwen2_5_VLConfig`` (or, for ``qwen2``, a ``Qwen2Config``) with the given dimensions and
-    the tokenizer's special-token ids."""
-    from transformers import Qwen2_5_VLConfig, Qwen2Config, Qwen2VLConfig
-
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    if family == "qwen2":
-        return Qwen2Config(
-            vocab_size=dims.vocab_size, hidden_size=dims.text_hidden, intermediate_size=dims.text_intermediate,
-            num_hidden_layers=dims.text_layers, num_attention_heads=dims.text_heads,
-            num_key_value_heads=dims.text_kv_heads, max_position_embeddings=32768,
-            rope_parameters={"rope_type": "default", "rope_theta": dims.rope_theta},
-            bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
-            tie_word_embeddings=dims.tie_word_embeddings,
-        )
-    head_dim = dims.text_hidden // dims.text_heads
-    if sum(dims.mrope_section) * 2 != head_dim:
-        raise ValueError(f"mrope_section {dims.mrope_section} must sum to head_dim/2 = {head_dim // 2}")
-    text = dict(
-        vocab_size=dims.vocab_size,
-        hidden_size=dims.text_hidden,
-        intermediate_size=dims.text_intermediate,
-        num_hidden_layers=dims.text_layers,
-        num_attention_heads=dims.text_heads,
-        num_key_value_heads=dims.text_kv_heads,
-        max_position_embeddings=32768,
-        rope_parameters={"rope_type": "default", "rope_theta": dims.rope_theta, "mrope_section": list(dims.mrope_section)},
-        bos_token_id=ids["<|endoftext|>"],
-        eos_token_id=ids["<|im_end|>"],
-        pad_token_id=ids["<|endoftext|>"],
-        tie_word_embeddings=dims.tie_word_embeddings,
-    )
-    vision_common = dict(
-        depth=dims.vision_depth,
-        num_heads=dims.vision_heads,
-        patch_size=14,
-        spatial_merge_size=2,
-        temporal_patch_size=2,
-    )
-    token_ids = dict(
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=dims.tie_word_embeddings,
-    )
-    if family == "qwen2_vl":
-        vision = dict(
-            vision_common,
-            embed_dim=dims.vision_dim,
-            hidden_size=dims.text_hidden,
-            mlp_ratio=dims.vision_intermediate // dims.vision_dim,
-        )
-        return Qwen2VLConfig(text_config=text, vision_config=vision, **token_ids)
-    last = dims.vision_depth - 1
-    vision = dict(
-        vision_common,
-        hidden_size=dims.vision_dim,
-        intermediate_size=dims.vision_intermediate,
-        out_hidden_size=dims.text_hidden,
-        window_size=112,
-        fullatt_block_indexes=sorted({last} | set(range(7, last, 8))),
-    )
-    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **token_ids)
-
-
-def build_model(family: Family = "qwen2_vl", size: Size = "tiny", seed: int = 0, dtype: str = "float32"):
-    """Return ``(model, processor)``: a randomly initialised model of the real class and its processor. The caller's
-    random streams (Python, NumPy, torch) are left exactly as they were, so a run that builds the model first gives
-    the same numbers as one that finds it cached."""
-    import random
-
-    import numpy as np
-    import torch
-    from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2ForCausalLM, Qwen2VLForConditionalGeneration
-
-    py_state, np_state = random.getstate(), np.random.get_state()
-    try:
-        with torch.random.fork_rng(devices=[]):
-            dims = dims_for(family, size)
-            tokenizer = build_tokenizer(seed)
-            processor = build_processor(family, tokenizer)
-            config = build_config(family, dims, tokenizer)
-            torch.manual_seed(seed)
-            cls = {"qwen2_vl": Qwen2VLForConditionalGeneration, "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
-                   "qwen2": Qwen2ForCausalLM}[family]
-            model = cls(config).to(getattr(torch, dtype))
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-    gen = model.generation_config
-    gen.eos_token_id = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
-    gen.pad_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    gen.bos_token_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    return model, processor
-
-
 def build_and_save(
-    out: str | Path, family: Family = "qwen2_vl", size: Size = "tiny", seed: int = 0, dtype: str | None = None
+    out: str | Path, family: str = "qwen2_vl", size: str = "tiny", seed: int = 0, dtype: str | None = None
 ) -> Path:
     """Build a model with :func:`build_model` and save it with its processor (a text family: its tokenizer) as a
     Hugging Face directory."""
@@ -350,7 +205,7 @@ def build_and_save(
     return out
 
 
-def save_config_only(out: str | Path, family: Family = "qwen2_vl", size: Size = "shape_true", seed: int = 0) -> Path:
+def save_config_only(out: str | Path, family: str = "qwen2_vl", size: str = "shape_true", seed: int = 0) -> Path:
     """Write only ``config.json`` (and ``generation_config.json``) of a model of these dimensions: no weights, so even
     a 7B shape takes a second. Enough for anything that builds the model on the meta device (``mmgpg plan``,
     ``mmgpg model info``); not loadable with ``from_pretrained``."""
@@ -361,13 +216,15 @@ def save_config_only(out: str | Path, family: Family = "qwen2_vl", size: Size = 
     config = build_config(family, dims_for(family, size), tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
-    eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
-    GenerationConfig(eos_token_id=eos, pad_token_id=eos[1], bos_token_id=eos[1]).save_pretrained(out)
+    eos, pad, bos = generation_ids(tokenizer)
+    GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=bos).save_pretrained(out)
     return out
 
 
 def count_parameters(model) -> dict[str, int]:
-    """Total, vision-tower and language-model parameter counts (tied weights counted once)."""
+    """Total, vision-tower and language-model parameter counts (tied weights counted once); the vision tower is the
+    module at the family's ``Family.vision_module``."""
+    tower = family_spec(getattr(model.config, "model_type", None)).vision_module
     seen: set[int] = set()
     total = vision = 0
     for name, p in model.named_parameters():
@@ -375,6 +232,6 @@ def count_parameters(model) -> dict[str, int]:
             continue
         seen.add(id(p))
         total += p.numel()
-        if ".visual." in f".{name}":
+        if tower and name.startswith(tower + "."):
             vision += p.numel()
     return {"total": total, "vision": vision, "language": total - vision}

@@ -7,6 +7,6 @@ This ``__init__`` imports only the seam (no torch), so reading the engine names 
 top-level modules, :mod:`mmgpg.models` and :mod:`mmgpg.task`.
 """
 
-from mmgpg.rollout.engine import ENGINES, CheckLimits, RolloutEngine, Sampling, build_engine
+from mmgpg.rollout.engine import ENGINES, CheckLimits, EngineSettings, RolloutEngine, Sampling, build_engine
 
-__all__ = ["ENGINES", "CheckLimits", "RolloutEngine", "Sampling", "build_engine"]
+__all__ = ["ENGINES", "CheckLimits", "EngineSettings", "RolloutEngine", "Sampling", "build_engine"]

@@ -52,6 +52,7 @@ class Group:
     prompts: PromptBatch | None = None  # the rollout's encoded prompts; this group's is row `prompt_index`
     prompt_index: int = 0
     sampled_logprobs: list[list[float]] | None = None  # the engine's log-prob of each completion token, if it gives them
+    policy_version: int = 0  # training steps the weights that sampled it had taken (mmgpg.rollout.producer)
 
     @property
     def num_tokens(self) -> int:
@@ -135,13 +136,25 @@ def length_ordered(groups: Sequence[Group]) -> list[Group]:
     return sorted(groups, key=padded_length, reverse=True)
 
 
+def plan_micro_batches(groups: Sequence[Group], size: int) -> list[list[Group]]:
+    """The update's forward passes: ``groups`` :func:`length_ordered`, ``size`` groups per micro-batch.
+
+    >>> class G:
+    ...     def __init__(self, n): self.prompts, self.completion_ids = None, [[1] * n]
+    >>> [[len(g.completion_ids[0]) for g in mb] for mb in plan_micro_batches([G(3), G(9), G(1)], 2)]
+    [[9, 3], [1]]
+    """
+    ordered = length_ordered(groups)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
 def padding_counts(batch: CompletionBatch, *, packed: bool = False) -> tuple[int, int]:
     """``(computed, padding)`` token positions of one forward over ``batch``: rows × (prompt width + completion
     width) are computed, of which ``padding`` are pad positions (prompt rows are repeated ``group_size`` times, as the
     forward repeats them). A packed forward (``model.packed_sequences``, :func:`packs`) computes the real tokens only.
 
     >>> from mmgpg.models.batch import PromptBatch
-    >>> p = PromptBatch(torch.zeros(1, 4, dtype=torch.long), torch.tensor([[0, 1, 1, 1]]), torch.zeros(1, 4), None, None, [0], [''])
+    >>> p = PromptBatch(torch.zeros(1, 4, dtype=torch.long), torch.tensor([[0, 1, 1, 1]]), torch.zeros(1, 4), [{}], [[]], [''])
     >>> b = CompletionBatch(p, 2, torch.zeros(2, 5, dtype=torch.long), torch.tensor([[1] * 5, [1, 1, 0, 0, 0]]).bool())
     >>> padding_counts(b), padding_counts(b, packed=True)
     ((18, 5), (13, 0))
@@ -168,15 +181,14 @@ def packs(policy: Policy, model: Any) -> bool:
     is refused when the trainer starts: :func:`check_packing`)."""
     mode = model.packed_sequences
     if mode == "auto":
-        return bool(getattr(policy, "supports_packing", False)) and model.attn_implementation == "flash_attention_2"
+        return policy.supports_packing and model.attn_implementation == "flash_attention_2"
     return mode == "always"
 
 
 def check_packing(policy: Policy, model: Any) -> None:
-    if model.packed_sequences == "always" and not getattr(policy, "supports_packing", False):
-        from mmgpg.models.qwen_vl import PACKING_UNSUPPORTED
-
-        raise ValueError(PACKING_UNSUPPORTED)
+    """``model.packed_sequences=always`` with a family that cannot pack: its refusal, saying why."""
+    if model.packed_sequences == "always":
+        policy.check_packing(True)
 
 
 @dataclass(frozen=True)

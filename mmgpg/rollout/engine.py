@@ -4,7 +4,7 @@ An engine takes chat conversations (messages with image parts — what a vLLM se
 :class:`Sampling` settings, and returns a :class:`~mmgpg.models.CompletionBatch`. It is chosen by ``rollout.engine``
 from :data:`ENGINES`; adding an engine is one file plus one registration (a built-in entry below, or
 ``ENGINES.register(name, "module:Class")`` / an ``mmgpg.engines`` entry point from a plugin). An engine class is built
-as ``Engine(policy, config, autocast)`` with the resolved config and implements :class:`RolloutEngine`.
+as ``Engine(policy, settings, autocast)`` with its own :class:`EngineSettings` and implements :class:`RolloutEngine`.
 
 Weights reach an engine only through :meth:`RolloutEngine.sync_weights`, as ``(name, tensor)`` pairs that the
 training backend produces (:meth:`mmgpg.backends.TrainingBackend.full_weights`: gathered under ZeRO-3, LoRA merged,
@@ -19,20 +19,34 @@ import hashlib
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mmgpg.registry import Registry
 
 if TYPE_CHECKING:
     import torch
 
-    from mmgpg.config import Config
     from mmgpg.models import Policy
     from mmgpg.models.batch import CompletionBatch
 
 # The engine names: config validation, `mmgpg eval --engine` and `build_engine` all read this registry.
 ENGINES = Registry("rollout engine", "mmgpg.engines",
                    {"hf": "mmgpg.rollout.hf:HFEngine", "vllm": "mmgpg.rollout.vllm:VLLMEngine"})
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What an engine is built with: the rollout section of the config (``rollout.*``, read by attribute: a
+    :class:`mmgpg.config.RolloutConfig`), the prompt budget (``model.max_prompt_length``) and the run's seed."""
+
+    rollout: Any
+    max_prompt_length: int = 1024
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> EngineSettings:
+        """The settings of a resolved :class:`mmgpg.config.Config`."""
+        return cls(cfg.rollout, cfg.model.max_prompt_length, cfg.seed)
 
 
 @dataclass(frozen=True)
@@ -113,16 +127,17 @@ class RolloutEngine(Protocol):
 Weights = Callable[["torch.dtype | None"], Iterable[tuple[str, "torch.Tensor"]]]
 
 
-def build_engine(name: str, policy: Policy, config: Config,
+def build_engine(name: str, policy: Policy, settings: EngineSettings,
                  autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
                  weights: Weights | None = None) -> RolloutEngine:
-    """The engine registered as ``name`` for ``policy`` (``config``: the resolved :class:`mmgpg.config.Config`;
-    ``autocast``: a context factory for mixed precision), started with the policy's current weights when it keeps
+    """The engine registered as ``name`` for ``policy`` (``settings``: its :class:`EngineSettings`, e.g.
+    ``EngineSettings.from_config(cfg)``; ``autocast``: a context factory for mixed precision), started with the
+    policy's current weights when it keeps
     its own copy. ``weights(dtype)`` gives them: the training backend's ``full_weights`` in training (collective under
     ZeRO-3: every rank builds its engine), the unpartitioned policy's own tensors by default (evaluation, probes)."""
     if name not in ENGINES:
         raise ValueError(f"unknown rollout engine {name!r}; available: {', '.join(sorted(ENGINES))}")
-    engine = ENGINES[name](policy, config, autocast)
+    engine = ENGINES[name](policy, settings, autocast)
     if engine.owns_weights:
         if weights is None:
             from mmgpg.models.save import policy_weights

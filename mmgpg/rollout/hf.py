@@ -18,8 +18,9 @@ class HFEngine:
     weights_dtype = None
     check_limits = None  # its sampled log-probs are the trainer's own: nothing to check
 
-    def __init__(self, policy: Policy, config: Any,
+    def __init__(self, policy: Policy, settings: Any = None,
                  autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext):
+        """``settings`` (:class:`~mmgpg.rollout.engine.EngineSettings`): nothing in them changes how it samples."""
         self.policy, self.autocast = policy, autocast
 
     def generate(self, conversations: Sequence[list[dict]], group_size: int, sampling: Sampling) -> CompletionBatch:

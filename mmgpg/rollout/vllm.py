@@ -9,10 +9,12 @@ Two modes, the same rollout:
   and images over loopback HTTP, and a sync writes the weights to a shared folder (``/dev/shm``) that the server
   reloads (:mod:`mmgpg.rollout.vllm_server`).
 
-It serves the Qwen-VL policies (:class:`mmgpg.models.qwen_vl.QwenVLPolicy`: vLLM's ``Qwen2VLForConditionalGeneration``
-/ ``Qwen2_5_VLForConditionalGeneration``) and the text policies (:class:`mmgpg.models.text.TextPolicy`, e.g.
-``tiny:qwen2``, Qwen2.5-Math, DeepSeek-R1-Distill-Qwen: vLLM's ``Qwen2ForCausalLM``; prompts without
-``multi_modal_data``). Weights travel under their Hugging Face names, which vLLM's ``load_weights`` maps itself.
+It serves the families whose :class:`~mmgpg.models.Family` says ``vllm=True`` (refused at start-up otherwise, with
+what to use): the Qwen-VL policies (:class:`mmgpg.models.qwen_vl.QwenVLPolicy`: vLLM's
+``Qwen2VLForConditionalGeneration``, ``Qwen2_5_VLForConditionalGeneration``, ``Qwen3VLForConditionalGeneration``, ...)
+and the text policies (:class:`mmgpg.models.text.TextPolicy`, e.g. ``tiny:qwen2``, Qwen2.5-Math,
+DeepSeek-R1-Distill-Qwen: vLLM's ``Qwen2ForCausalLM``; prompts without ``multi_modal_data``). Weights travel under
+their Hugging Face names, which vLLM's ``load_weights`` maps itself.
 
 What makes it the same rollout as the Hugging Face engine: mmgpg renders the prompt text (chat template or raw
 prompt) and loads/resizes the images exactly as the policy's ``encode_prompts`` does (vLLM's processor then sees
@@ -46,7 +48,7 @@ from mmgpg.rollout.vllm_core import CoreSettings, Request
 from mmgpg.utils import no_transformers_bars, quiet_deepspeed_import
 
 if TYPE_CHECKING:
-    from mmgpg.config import Config
+    from mmgpg.rollout.engine import EngineSettings
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -60,10 +62,9 @@ class VLLMEngine:
     name = "vllm"
     owns_weights = True
 
-    def __init__(self, policy: Policy, config: Config,
+    def __init__(self, policy: Policy, settings: EngineSettings,
                  autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext):
-        cfg = config
-        r, m = cfg.rollout, cfg.model
+        r = settings.rollout
         self._check_family(policy)
         self.policy, self.rollout_cfg = policy, r
         mixed = not isinstance(autocast(), contextlib.nullcontext)
@@ -74,7 +75,7 @@ class VLLMEngine:
         self.check_limits = check_limits(r.logprob_check, r.logprob_check_mean, r.logprob_check_max,
                                          engine_dtype=self.dtype, trainer_dtype=_dtype_name(policy.model.dtype),
                                          autocast=mixed)
-        prompt_len = policy.max_prompt_length or m.max_prompt_length
+        prompt_len = policy.max_prompt_length or settings.max_prompt_length
         self.max_model_len = r.vllm_max_model_len or prompt_len + r.max_new_tokens
         head = policy.model.get_output_embeddings().weight
         vocab = getattr(head, "ds_shape", head.shape)[0]  # ZeRO-3: the parameter itself is an empty placeholder
@@ -115,23 +116,23 @@ class VLLMEngine:
             self._settings = CoreSettings(
                 model=str(self._tmp), dtype=self.dtype, max_model_len=self.max_model_len, max_images=r.vllm_max_images,
                 multimodal=self.multimodal, **({"min_pixels": pixels[0], "max_pixels": pixels[1]}
-                                               if self.multimodal else {}), seed=cfg.seed,
+                                               if self.multimodal else {}), seed=settings.seed,
                 gpu_memory_utilization=r.vllm_gpu_memory_utilization, tensor_parallel_size=r.vllm_tensor_parallel_size,
                 sleep=r.vllm_sleep)
         self.synced = False  # not started (colocated) or another model's weights (server) until the first sync
 
     @staticmethod
     def _check_family(policy: Policy) -> None:
-        """The engine passes images the Qwen-VL way (resized PIL images as ``multi_modal_data``): a policy that takes
-        images but is not Qwen-VL is refused before anything is started. Text-only policies take no images."""
-        from mmgpg.models import QWEN_VL_FAMILIES
+        """A family the vLLM engine does not serve (``Family.vllm``) is refused before anything is started."""
+        from mmgpg.models import FAMILIES
         from mmgpg.typed import ConfigError, Problem
 
-        if getattr(policy, "takes_images", True) and policy.family not in QWEN_VL_FAMILIES:
+        if not policy.spec.vllm:
+            served = ", ".join(name for name in FAMILIES if FAMILIES[name].vllm)
             raise ConfigError([Problem(
-                "rollout.engine", "vllm", f"The vLLM engine passes images the Qwen-VL way and serves the "
-                f"vision-language families {', '.join(QWEN_VL_FAMILIES)} and text-only policies; this {policy.family} "
-                "model takes images some other way.", "use rollout.engine=hf (Hugging Face generate) for it.")])
+                "rollout.engine", "vllm", f"The vLLM engine does not serve {policy.spec.title} ({policy.family}) "
+                f"models: {policy.spec.vllm_note or 'not tested with vLLM'}. It serves {served}.",
+                "use rollout.engine=hf (Hugging Face generate) for it.")])
 
     @staticmethod
     def _check_settings(r, policy: Policy) -> None:
@@ -167,7 +168,7 @@ class VLLMEngine:
         if key is None and sampling.temperature > 0:
             key = (int(torch.randint(0, 2**62, ())),)  # like HF sampling: drawn from torch's RNG
         requests = [Request(text, images, group_size, None if key is None else request_seed(*key, sampling.first_prompt + p))
-                    for p, (text, images) in enumerate(zip(batch.texts, batch.prompt_images()))]
+                    for p, (text, images) in enumerate(zip(batch.texts, batch.media))]
         knobs = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
                  "top_p": sampling.top_p, "top_k": sampling.top_k}
         results = self.core.generate(requests, knobs, stop_token_ids=list(policy.eos_token_ids),

@@ -1,4 +1,5 @@
-"""Tasks: the contract between mmgpg and a task plugin, and the registry that finds plugins.
+"""Tasks: the contract between mmgpg and a task plugin (the names in ``__all__``), and the registry that finds
+plugins (:data:`TASKS`).
 
 :class:`Task` declares every member mmgpg uses — training (rewards, success), evaluation (judge, aggregate, record
 fields, mask metrics, re-scoring), SFT (gold completion) and pre-flight — with its default. Subclass it and override
@@ -15,19 +16,24 @@ what your task has::
         def load(self, split: str) -> Sequence[Example]: ...
         def prompt(self, example: Example) -> list[dict]: ...      # chat messages with image parts
 
-A class with the same members that does not subclass :class:`Task` still works: mmgpg mixes :class:`Task`'s defaults
-in behind it (:func:`find_task_class`).
+A task class must subclass :class:`Task` (its hooks get their defaults from there); anything else is refused with
+what to write (:func:`find_task_class`).
 
 If the class is a dataclass, its fields are the task's options, set flat under ``task:`` in the config
 (``task.num_train=500``) and type-checked like every other field.
 
 Where tasks come from:
 
-* the entry-point group ``mmgpg.tasks`` — the built-ins (``tasks/`` in the repository, installed as the package
-  ``mmgpg_tasks``) are registered this way in ``pyproject.toml``, and so can any other installed package;
-* ``path/to/file.py:ClassName`` — a task defined in a local file, no packaging needed.
+* :data:`TASKS`, the same :class:`mmgpg.registry.Registry` as every other plug-in kind: its entry-point group
+  ``mmgpg.tasks`` holds the built-ins (``tasks/`` in the repository, installed as the package ``mmgpg_tasks``, are
+  registered this way in ``pyproject.toml``) and any other installed package's; ``TASKS.register(name, cls)`` adds
+  one from code;
+* ``path/to/file.py:ClassName`` — a task defined in a local file, no packaging needed (resolved before the registry).
 
-Tasks whose answers are judged by the anchors' rules build on :class:`mmgpg.task.judged.JudgedTask`.
+The plugin author's surface is ``__all__`` below, plus the modules for judged tasks: :mod:`mmgpg.task.judged`
+(:class:`~mmgpg.task.judged.JudgedTask`: tasks whose answers are judged by the anchors' rules), :mod:`.judges`
+(:class:`~mmgpg.task.judges.Judgement` and the judges), :mod:`.rewards` (reward functions), :mod:`.data` (data files
+and images) and :mod:`.mathjudge`.
 """
 
 from __future__ import annotations
@@ -38,27 +44,41 @@ import math
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from mmgpg.registry import Registry
 from mmgpg.typed import ConfigError, Problem, did_you_mean, from_dict
 
 if TYPE_CHECKING:
     from mmgpg.task.judges import Judgement
 
-ENTRY_POINT_GROUP = "mmgpg.tasks"
+__all__ = ["TASKS", "Example", "LazyExamples", "RewardFn", "Task", "TaskNotFound", "build_task", "media_parts",
+           "task_rewards", "task_success"]
+
+# The task names: `task=NAME`, `mmgpg tasks`, `mmgpg eval --task`. Built-ins and other packages register through the
+# entry-point group; a `path/to/file.py:ClassName` reference is resolved before it (find_task_class).
+TASKS = Registry("task", "mmgpg.tasks", {})
 
 
 @dataclass
 class Example:
-    """One task item: its images (PIL images or paths/URLs), the question text and the gold answer."""
+    """One task item: its media, the question text and the gold answer.
+
+    ``media`` lists what the prompt shows, in order: an image is a PIL image, a path or a URL; any other medium is
+    a chat content part of its own (``{"type": "video", "video": ...}``), passed to the policy as it is
+    (:func:`media_parts`)."""
 
     id: str
-    images: list[Any]
+    media: list[Any]
     question: str
     answer: Any
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def images(self) -> list[Any]:
+        """The images among :attr:`media`."""
+        return [m for m in self.media if not _is_part(m)]
 
 
 RewardFn = Callable[[str, Example], float]
@@ -146,11 +166,6 @@ class TaskNotFound(LookupError):
         super().__init__(f"{why} {fix}")
 
 
-def registered_tasks() -> dict[str, Any]:
-    """``{name: entry point}`` of every installed task plugin."""
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-
-
 def is_task_file(name: str) -> bool:
     """Whether a task name is a ``path/to/file.py:ClassName`` reference (else the name of an installed task).
 
@@ -202,18 +217,17 @@ def find_task_class(name: str) -> type:
     if is_task_file(name):
         cls = _load_file_class(name)
     else:
-        tasks = registered_tasks()
-        if name not in tasks:
+        if name not in TASKS:
             raise TaskNotFound(
                 f"No task named {name!r} is installed.",
-                "available: " + (", ".join(sorted(tasks)) or "(none — is mmgpg installed with pip?)") + "; or give "
-                "path/to/file.py:ClassName." + did_you_mean(name, list(tasks)),
+                "available: " + (", ".join(sorted(TASKS)) or "(none — is mmgpg installed with pip?)") + "; or give "
+                "path/to/file.py:ClassName." + did_you_mean(name, list(TASKS)),
             )
         try:
-            cls = tasks[name].load()
+            cls = TASKS[name]
         except (Exception, SystemExit) as err:
-            raise TaskNotFound(f"Task {name!r} ({tasks[name].value}) failed to import: {type(err).__name__}: {err}.",
-                               "reinstall the package that provides it.") from err
+            raise TaskNotFound(f"Task {name!r} ({TASKS.describe(name)}) failed to import: {type(err).__name__}: "
+                               f"{err}.", "reinstall the package that provides it.") from err
     if not isinstance(cls, type):
         raise TaskNotFound(f"{name!r} is a {type(cls).__name__}, not a class.", "point at a Task subclass.")
     if not issubclass(cls, Task):
@@ -245,20 +259,35 @@ def _instantiate(cls: type, options: Mapping[str, Any]) -> tuple[Task | None, li
     return (None if problems else task), problems
 
 
-def options_problems(cls: type, options: Mapping[str, Any]) -> list[Problem]:
-    """Config problems of ``options`` for task class ``cls`` (its dataclass fields are the allowed options)."""
-    return _instantiate(cls, options)[1]
+def checked_task(name: str, options: Mapping[str, Any] | None = None) -> tuple[Task | None, list[Problem]]:
+    """The task ``name`` built with ``options``, or None and every problem (as config problems of ``task.*``): an
+    unknown or broken task, unknown or mistyped options, the task's own checks of their values, no rewards. What
+    config validation runs once per command; the instance it builds is the command's task
+    (:attr:`mmgpg.config.Resolved.task`)."""
+    try:
+        cls = find_task_class(name)
+        task, problems = _instantiate(cls, dict(options or {}))
+        if task is not None:
+            _check_rewards(task, name)
+    except TaskNotFound as err:
+        return None, [Problem("task.name", name, err.why, err.fix)]
+    return task, problems
 
 
-def build_task(name: str, options: Mapping[str, Any] | None = None) -> Task:
-    """Instantiate a task with validated options, once (raises :class:`mmgpg.typed.ConfigError`)."""
-    task, problems = _instantiate(find_task_class(name), dict(options or {}))
-    if problems:
-        raise ConfigError(problems)
+def _check_rewards(task: Task, name: str) -> None:
     rewards = getattr(task, "rewards", None)
     if not isinstance(rewards, Mapping) or not rewards or not all(callable(f) for f in rewards.values()):
         raise TaskNotFound(f"Task {name!r} has no rewards: it needs a non-empty mapping name -> fn(completion, example).",
                            "set `rewards` on the class or in __init__/__post_init__.")
+
+
+def build_task(name: str, options: Mapping[str, Any] | None = None) -> Task:
+    """Instantiate a task with validated options (raises :class:`mmgpg.typed.ConfigError` for its options, or
+    :class:`TaskNotFound` for an unknown or broken task)."""
+    task, problems = _instantiate(find_task_class(name), dict(options or {}))
+    if problems:
+        raise ConfigError(problems)
+    _check_rewards(task, name)
     return task
 
 
@@ -375,6 +404,11 @@ def good_items(items: Sequence[Example], limit: int | None, on_bad_row: str) -> 
     return out, skipped
 
 
-def image_parts(example: Example) -> list[dict]:
-    """The example's images as chat content parts."""
-    return [{"type": "image", "image": im} for im in example.images]
+def _is_part(item: Any) -> bool:
+    return isinstance(item, dict) and "type" in item
+
+
+def media_parts(example: Example) -> list[dict]:
+    """The example's media as chat content parts, in order: ``{"type": "image", "image": ...}`` for an image, any
+    other part as it is."""
+    return [m if _is_part(m) else {"type": "image", "image": m} for m in example.media]

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mmgpg.task import Example, LazyExamples, Task, image_parts
+from mmgpg.task import Example, LazyExamples, Task, media_parts
 
 
 @dataclass
@@ -97,7 +97,7 @@ class JudgedTask(Task):
         system = example.meta.get("system")
         if system:
             messages.append({"role": "system", "content": [{"type": "text", "text": system}]})
-        messages.append({"role": "user", "content": image_parts(example) + [{"type": "text", "text": example.question}]})
+        messages.append({"role": "user", "content": media_parts(example) + [{"type": "text", "text": example.question}]})
         return messages
 
     def success(self, completion: str, example: Example, rewards: Mapping[str, float]) -> bool:

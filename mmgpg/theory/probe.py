@@ -35,18 +35,18 @@ def locate(ckpt: str, step: int | None) -> tuple[Path | None, str, int]:
 
 
 def probe(cfg, source: str, *, step: int, split: str, samples: int, limit: int | None,
-          success_threshold: float | None, batch_prompts: int = 4, chunk: int = 16) -> list[ProbeRecord]:
+          success_threshold: float | None, batch_prompts: int = 4, chunk: int = 16, task=None) -> list[ProbeRecord]:
     """Load the policy ``source`` and probe the first ``limit`` prompts of ``split`` (:func:`probe_prompts`) with
-    ``cfg.rollout``'s sampling settings."""
+    ``cfg.rollout``'s sampling settings (``task``: the command's task when it built one, else built here)."""
     from mmgpg.models.load import load_policy_for, resolve_device
-    from mmgpg.rollout import build_engine
+    from mmgpg.rollout import EngineSettings, build_engine
     from mmgpg.task import build_task, first_items
 
-    task = build_task(cfg.task.name, cfg.task.options)
+    task = task if task is not None else build_task(cfg.task.name, cfg.task.options)
     check_success(task, success_threshold)
     examples = first_items(task.load(split), limit)
     policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=source or cfg.model.name_or_path)
-    engine = build_engine(cfg.rollout.engine, policy, cfg)
+    engine = build_engine(cfg.rollout.engine, policy, EngineSettings.from_config(cfg))
     try:
         return probe_prompts(engine, task, examples, cfg.rollout, step=step, checkpoint=source or cfg.model.name_or_path,
                              split=split, samples=samples, success_threshold=success_threshold,

@@ -44,7 +44,7 @@ def run_diagnose(run_dir: str | Path, out_dir: str | Path | None = None,
     from mmgpg.rundir import PROBES, SUCCESS, read_config, read_metrics
 
     run = Path(run_dir)
-    cfg, ignored = read_config(run, lenient=True, use_task=False)  # success is in the records: no task code runs
+    cfg, ignored, _ = read_config(run, lenient=True, use_task=False)  # success is in the records: no task code runs
     metrics = read_metrics(run)
     visits = D.read_visits(run / SUCCESS, success_threshold)
     probes = D.read_probes(run / PROBES, cfg.train.split)

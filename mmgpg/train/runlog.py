@@ -23,14 +23,14 @@ def planned_memory(cfg, device, world_size: int, note: Callable[[str], None]) ->
     the planner cannot model the run (``note`` says why in the log)."""
     import torch
 
-    from mmgpg.backends.deepspeed_config import planned_offload
+    from mmgpg.backends import BACKENDS
     from mmgpg.backends.memory import model_shape, plan_memory
 
     t = cfg.train
     try:
         total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * 2**30
-        stage = t.zero_stage if t.backend == "deepspeed" else 0
-        offload = planned_offload(t)
+        facts = BACKENDS.facts(t.backend)
+        stage, offload = facts["zero_stage"](t), facts["offload"](t)
         plan = plan_memory(cfg, model_shape(cfg.model.name_or_path, cfg.model.lora), gpus=world_size,
                            gpu_memory_gb=total / 2**30, backend=t.backend, zero_stage=stage, offload=offload,
                            with_fixes=False)

@@ -21,15 +21,15 @@ from mmgpg.models.batch import CompletionBatch
 from mmgpg.models.load import load_for_training
 from mmgpg.models.logprobs import pad_completions
 from mmgpg.models.save import save_policy
-from mmgpg.rollout import build_engine
+from mmgpg.rollout import EngineSettings, build_engine
+from mmgpg.rollout.stream import PromptStream
 
 # torch.optim.AdamW's default weight decay, which mmgpg sft has always used (its demo numbers depend on it).
 from mmgpg.rundir import complete_checkpoints, run_dir_path
-from mmgpg.task import Example, SkipBadRows, Task, build_task
+from mmgpg.task import Example, SkipBadRows, Task
 from mmgpg.train import resume
 from mmgpg.train.checkpoint import save_model_dir
 from mmgpg.train.runlog import RunLog
-from mmgpg.train.stream import PromptStream
 from mmgpg.utils import GracefulStop, seed_everything
 
 
@@ -67,11 +67,11 @@ class SFTTrainer:
         with self.backend.loading():  # ZeRO-3: built partitioned, never whole on one rank
             self.policy = load_for_training(cfg.model, self.backend.device, self.backend.weights_dtype(cfg.model.dtype),
                                             checkpoint)
-        self.task = build_task(cfg.task.name, cfg.task.options)
+        self.task = resolved.build_task()
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed)
         self.backend.prepare(self.policy.model, self._optimizer_settings())
-        self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast,
+        self.engine = build_engine(cfg.rollout.engine, self.policy, EngineSettings.from_config(cfg), self.backend.autocast,
                                    weights=self.backend.full_weights)
         if checkpoint is not None:
             counters = resume.restore_run_state(checkpoint, self.run_dir, cfg, self.backend, self.stream,

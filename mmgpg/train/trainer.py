@@ -20,7 +20,7 @@ The phase names are the timer names (``time/rollout``, ``time/advantages``, ``ti
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,26 +32,25 @@ from mmgpg.config import Config, Resolved, save_config
 from mmgpg.models import Policy, lora
 from mmgpg.models.batch import CompletionBatch
 from mmgpg.models.load import load_for_training, load_policy_for
-from mmgpg.rollout import Sampling, build_engine
+from mmgpg.rollout import EngineSettings, build_engine
 from mmgpg.rollout.check import LogprobDiff, check_logprob_diff
 from mmgpg.rollout.collect import (
     Collected,
     Group,
     check_packing,
     collate_groups,
-    collect_groups,
     group_logprobs,
-    length_ordered,
     packs,
     padding_counts,
-    sample_groups,
+    plan_micro_batches,
 )
+from mmgpg.rollout.producer import ProducerSettings, RolloutProducer
+from mmgpg.rollout.stream import PromptStream
 from mmgpg.rundir import SuccessRecord, run_dir_path
-from mmgpg.task import SkipBadRows, build_task, first_items
+from mmgpg.task import SkipBadRows, first_items
 from mmgpg.train import resume
 from mmgpg.train.objective import Objective, StepCounts
 from mmgpg.train.runlog import RunLog, planned_memory
-from mmgpg.train.stream import PromptStream
 from mmgpg.utils import GracefulStop, PeakMemory, seed_everything
 
 
@@ -89,7 +88,7 @@ class Trainer:
         self.state = StepState()
 
         seed_everything(cfg.seed + self.dist.rank)
-        self.task = build_task(cfg.task.name, cfg.task.options)
+        self.task = resolved.build_task()
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed, self.dist.world_size, self.dist.rank)
         dtype = self.backend.weights_dtype(cfg.model.dtype)
@@ -119,9 +118,11 @@ class Trainer:
         self.backend.prepare(model, self._optimizer_settings())
         if self.reference is not None and self.reference is not self.policy:  # ZeRO-3: partitioned too
             self.reference.model = self.backend.partition_reference(self.reference.model)
-        self.engine = build_engine(cfg.rollout.engine, self.policy, cfg, self.backend.autocast,
+        self.engine = build_engine(cfg.rollout.engine, self.policy, EngineSettings.from_config(cfg), self.backend.autocast,
                                    weights=self.backend.full_weights)
-        self.sampling = Sampling.from_config(cfg.rollout)
+        self.producer = RolloutProducer(self.engine, self.task, self.dataset, self.stream,
+                                        ProducerSettings.from_config(cfg, self.per_rank, self.dist.rank),
+                                        comm_device=self.backend.comm_device)
         # the algorithm's functions with their hyper-parameters bound once
         self.objective = Objective(cfg.algo, cfg.rollout.max_new_tokens, self.policy.eos_token_ids)
         self._spare: list[Group] = []  # a group of the last rollout: DeepSpeed's padding on a rank without groups
@@ -176,23 +177,13 @@ class Trainer:
     # ---- phase 1: rollout -----------------------------------------------------------------------------------------
 
     def rollout(self) -> Collected:
-        """Sample until the update's valid fraction reaches β_th (or the attempt cap)
-        (:func:`mmgpg.rollout.collect_groups`)."""
-        a = self.cfg.algo
+        """The step's update from the rollout producer (:meth:`mmgpg.rollout.producer.RolloutProducer.next_batch`:
+        sampled until the valid fraction reaches β_th or the attempt cap), by the current weights (version = steps
+        taken)."""
         with self.backend.generation_context():  # ZeRO-3: the weights gathered once for the whole rollout
-            collected = collect_groups(self._sample_groups, self.per_rank, min_valid_fraction=a.min_valid_fraction,
-                                       max_attempts=a.max_resample_attempts, comm_device=self.backend.comm_device,
-                                       drop_zero_variance=a.drop_zero_variance)
+            collected = self.producer.next_batch(self.state.step, policy_version=self.state.step)
         self._spare = collected.generated[:1]
         return collected
-
-    def _sample_groups(self, attempt: int) -> list[Group]:
-        """One attempt: the next ``per_rank`` prompts of the stream, ``group_size`` completions each, scored."""
-        examples = [self.dataset[i] for i in self.stream.next(self.per_rank)]
-        # Engines with per-request seeds (vLLM) seed each prompt from (seed, step, attempt, rank, prompt index).
-        sampling = replace(self.sampling, seed_key=(self.cfg.seed, self.state.step, attempt, self.dist.rank))
-        return sample_groups(self.engine, self.task, examples, self.cfg.rollout.group_size, sampling,
-                             attempt=attempt, zero_variance_tol=self.cfg.algo.zero_variance_tol)
 
     # ---- phase 2: advantages --------------------------------------------------------------------------------------
 
@@ -216,9 +207,7 @@ class Trainer:
 
         With collectives inside forward/backward (``backend.equal_micro_batches``: DeepSpeed), a rank with fewer
         micro-batches than the busiest one appends copies of one of its groups with weight 0 (they add exactly 0)."""
-        forwarded = length_ordered(self.objective.trains(groups))
-        mb = self.cfg.train.micro_batch_prompts
-        chunks = [forwarded[i : i + mb] for i in range(0, len(forwarded), mb)]
+        chunks = plan_micro_batches(self.objective.trains(groups), self.cfg.train.micro_batch_prompts)
         micro = [(self._collate(c), torch.tensor([x for g in c for x in g.advantages], dtype=torch.float32), 1.0)
                  for c in chunks]
         most = distributed.all_max(len(micro), self.backend.comm_device) if self.backend.equal_micro_batches else 0

@@ -147,7 +147,6 @@ def geoqa_eval_split(tmp_path):
 
 
 def test_evaluation_leaves_out_a_bad_row_under_skip_and_stops_on_it_otherwise(geoqa_eval_split, tiny_dirs, capsys):
-    from mmgpg.config import resolve
     from mmgpg.evaluation.run import run_evaluation
     from mmgpg.models.load import load_policy
     from mmgpg.rollout.hf import HFEngine
@@ -155,7 +154,7 @@ def test_evaluation_leaves_out_a_bad_row_under_skip_and_stops_on_it_otherwise(ge
     options, test = geoqa_eval_split
     task = build_task("geoqa", options)
     policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
-    engine = HFEngine(policy, resolve([]).config)
+    engine = HFEngine(policy)
     kwargs = {"limit": None, "max_new_tokens": 4, "batch_size": 2, "checkpoint": "tiny", "engine_name": "hf"}
     report = run_evaluation(engine, task, "test", on_bad_row="skip", **kwargs)
     assert [r["id"] for r in report.judged] == [f"geoqa-test-{i}" for i in (0, 1, 3, 4)]

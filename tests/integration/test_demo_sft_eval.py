@@ -9,7 +9,6 @@ import sys
 import pytest
 from support import FIXTURE_TASKS
 
-from mmgpg.config import resolve
 from mmgpg.evaluation.run import evaluate
 from mmgpg.models.load import load_policy
 from mmgpg.rollout.hf import HFEngine
@@ -60,7 +59,7 @@ def test_evaluation_is_greedy_and_deterministic(tiny_dirs):
     policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
     task = build_task("shapes")
     items = list(task.load("test")[:4])
-    engine = HFEngine(policy, resolve([]).config)
+    engine = HFEngine(policy)
     a = evaluate(engine, task, items, batch_size=3, max_new_tokens=10)[1]
     b = evaluate(engine, task, items, batch_size=4, max_new_tokens=10)[1]
     assert [r["model_output"] for r in a] == [r["model_output"] for r in b]
@@ -98,8 +97,8 @@ def test_sampled_scores_average_over_samples(tiny_dirs):
     task = build_task(f"{FIXTURE_TASKS}:ParityShapes")
     items = list(task.load("test")[:3])
     torch.manual_seed(0)
-    scores = sampled_scores(HFEngine(policy, resolve([]).config), task, items, samples=4, batch_size=8, max_new_tokens=6)
+    scores = sampled_scores(HFEngine(policy), task, items, samples=4, batch_size=8, max_new_tokens=6)
     # 12 completions scored 0 or 1: the mean is a multiple of 1/12
     assert abs(scores["accuracy"] * 12 - round(scores["accuracy"] * 12)) < 1e-9
     with pytest.raises(ValueError):
-        sampled_scores(HFEngine(policy, resolve([]).config), task, items, samples=0)
+        sampled_scores(HFEngine(policy), task, items, samples=0)

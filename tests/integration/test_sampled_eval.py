@@ -19,7 +19,6 @@ from support import FIXTURE_TASKS, run_mmgpg
 from support.fixture_tasks import TextParityCoin
 
 from mmgpg.cli import main
-from mmgpg.config import resolve
 from mmgpg.evaluation.predictions import rescore_predictions, write_report
 from mmgpg.evaluation.run import SampledDecoding, run_evaluation
 from mmgpg.models.load import load_policy
@@ -31,7 +30,7 @@ TEXT = ["model.name_or_path=tiny:qwen2", "model.dtype=float32"]
 
 @pytest.fixture(scope="module")
 def engine(tiny_text_dir):
-    return HFEngine(load_policy(str(tiny_text_dir), dtype="float32", device="cpu"), resolve([]).config)
+    return HFEngine(load_policy(str(tiny_text_dir), dtype="float32", device="cpu"))
 
 
 def _evaluate(engine, decoding=None, *, limit=6, batch_size=8, task=None):

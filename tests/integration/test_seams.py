@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from support.conversations import two_image_conversations
 
+from mmgpg.models.batch import join_vision
 from mmgpg.models.load import load_policy
 
 
@@ -24,10 +25,11 @@ def test_gather_prompts_equals_encoding_the_same_conversations(tiny_dirs):
     for rows, convs in (([1, 0], [small, big]), ([2, 1], [text_only, small]), ([1], [small])):
         got = policy.gather_prompts([(batch, r) for r in rows])
         want = policy.encode_prompts(convs)
-        for name in ("input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw"):
-            a, b = getattr(got, name), getattr(want, name)
-            assert (a is None and b is None) or torch.equal(a, b), (rows, name)
-        assert got.images_per_prompt == want.images_per_prompt and got.texts == want.texts
+        for name in ("input_ids", "attention_mask", "mm_token_type_ids"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), (rows, name)
+        joined, expected = join_vision(got.vision), join_vision(want.vision)
+        assert joined.keys() == expected.keys() and all(torch.equal(joined[k], expected[k]) for k in joined), rows
+        assert got.media_per_prompt == want.media_per_prompt and got.texts == want.texts
 
 
 def test_sampled_groups_are_scored_as_the_update_scores_them(tiny_dirs):
@@ -47,7 +49,7 @@ def test_sampled_groups_are_scored_as_the_update_scores_them(tiny_dirs):
     policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544)
     task = build_task("shapes")
     torch.manual_seed(0)
-    groups = sample_groups(HFEngine(policy, cfg), task, list(task.load("train")[:3]), 2, Sampling.from_config(cfg.rollout))
+    groups = sample_groups(HFEngine(policy), task, list(task.load("train")[:3]), 2, Sampling.from_config(cfg.rollout))
     with torch.no_grad():
         batch = collate_groups(policy, task, groups, 2)
         whole = group_logprobs(policy, batch, cfg.model, cfg.rollout)

@@ -28,7 +28,7 @@ from mmgpg.config import resolve  # noqa: E402
 from mmgpg.models.load import load_policy  # noqa: E402
 from mmgpg.models.save import policy_weights  # noqa: E402
 from mmgpg.rollout.check import LogprobMismatchError  # noqa: E402
-from mmgpg.rollout.engine import Sampling, build_engine  # noqa: E402
+from mmgpg.rollout.engine import EngineSettings, Sampling, build_engine  # noqa: E402
 
 FIXTURES = FIXTURE_TASKS
 TOKEN_TOL, MEAN_TOL = 5e-4, 5e-5
@@ -68,7 +68,7 @@ def _config(*overrides: str):
 @pytest.fixture(scope="module")
 def engine(tiny_dirs):
     policy = _policy(tiny_dirs["qwen2_vl"])
-    eng = build_engine("vllm", policy, _config())
+    eng = build_engine("vllm", policy, EngineSettings.from_config(_config()))
     yield eng
     eng.close()
 
@@ -114,7 +114,7 @@ def test_greedy_equals_hf_on_44_mixed_size_prompts(engine):
     got = engine.generate(convs, 1, Sampling.greedy(24))
     want = _hf_greedy(engine.policy, convs)
     assert sum(a == b for a, b in zip(_vllm_ids(got), want)) == 44
-    hf = build_engine("hf", engine.policy, _config()).generate(convs, 1, Sampling.greedy(24))  # batched, left-padded
+    hf = build_engine("hf", engine.policy, EngineSettings.from_config(_config())).generate(convs, 1, Sampling.greedy(24))  # batched, left-padded
     assert got.texts == hf.texts
 
 
@@ -156,7 +156,7 @@ def test_sync_reaches_every_cache(engine):
 
 def test_qwen2_5_vl_greedy_equals_hf(tiny_dirs):
     policy = _policy(tiny_dirs["qwen2_5_vl"])
-    eng = build_engine("vllm", policy, _config())
+    eng = build_engine("vllm", policy, EngineSettings.from_config(_config()))
     try:
         convs = conversations(12)
         assert _vllm_ids(eng.generate(convs, 1, Sampling.greedy(24))) == _hf_greedy(policy, convs)
@@ -272,8 +272,8 @@ def test_server_mode_same_rollouts_sync_and_shutdown(server, tiny_dirs):
 
     url, proc = server
     policy = _policy(tiny_dirs["qwen2_vl"])
-    eng = build_engine("vllm", policy, _config("rollout.engine=vllm", f"rollout.vllm_server={url}",
-                                               "rollout.vllm_server_timeout=60"))
+    eng = build_engine("vllm", policy, EngineSettings.from_config(_config("rollout.engine=vllm", f"rollout.vllm_server={url}",
+                                               "rollout.vllm_server_timeout=60")))
     convs = conversations(12)
     assert _vllm_ids(eng.generate(convs, 1, Sampling.greedy(24))) == _hf_greedy(policy, convs)
     gen = torch.Generator().manual_seed(1)
@@ -319,7 +319,7 @@ def text_conversations(n: int = 20) -> list[list[dict]]:
 @pytest.fixture(scope="module")
 def text_engine(tiny_text_dir):
     policy = load_policy(str(tiny_text_dir), dtype="float32", device="cpu", max_prompt_length=1024)
-    eng = build_engine("vllm", policy, resolve([*TEXT_MODEL, "rollout.max_new_tokens=24"]).config)
+    eng = build_engine("vllm", policy, EngineSettings.from_config(resolve([*TEXT_MODEL, "rollout.max_new_tokens=24"]).config))
     yield eng
     eng.close()
 
@@ -328,7 +328,7 @@ def test_text_policy_greedy_equals_hf(text_engine):
     convs = text_conversations()
     got = text_engine.generate(convs, 1, Sampling.greedy(24))
     assert _vllm_ids(got) == _hf_greedy(text_engine.policy, convs)
-    hf = build_engine("hf", text_engine.policy, resolve(TEXT_MODEL).config).generate(convs, 1, Sampling.greedy(24))
+    hf = build_engine("hf", text_engine.policy, EngineSettings.from_config(resolve(TEXT_MODEL).config)).generate(convs, 1, Sampling.greedy(24))
     assert got.texts == hf.texts  # batched and left-padded: the same texts
 
 
@@ -383,7 +383,7 @@ def test_text_server_mode_same_rollouts_and_sync(tiny_text_dir, tiny_dirs):
         policy = load_policy(str(tiny_text_dir), dtype="float32", device="cpu", max_prompt_length=1024)
         server = [*TEXT_MODEL, "rollout.engine=vllm", f"rollout.vllm_server={url}", "rollout.vllm_server_timeout=60",
                   "rollout.max_new_tokens=24"]
-        eng = build_engine("vllm", policy, resolve(server).config)
+        eng = build_engine("vllm", policy, EngineSettings.from_config(resolve(server).config))
         convs = text_conversations(8)
         assert _vllm_ids(eng.generate(convs, 1, Sampling.greedy(24))) == _hf_greedy(policy, convs)
         gen = torch.Generator().manual_seed(1)
@@ -395,7 +395,7 @@ def test_text_server_mode_same_rollouts_and_sync(tiny_text_dir, tiny_dirs):
         assert diff.max() <= TOKEN_TOL and diff.mean() <= MEAN_TOL, (diff.max(), diff.mean())
         eng.close()
         with pytest.raises(ValueError, match="the server holds a text-only model and this policy is vision-language"):
-            build_engine("vllm", _policy(tiny_dirs["qwen2_vl"]), _config(*server[3:]))
+            build_engine("vllm", _policy(tiny_dirs["qwen2_vl"]), EngineSettings.from_config(_config(*server[3:])))
     finally:
         proc.terminate()
         proc.wait(timeout=60)

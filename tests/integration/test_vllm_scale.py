@@ -27,7 +27,7 @@ from support import FIXTURE_TASKS, run_mmgpg
 from mmgpg.config import resolve  # noqa: E402
 from mmgpg.models.load import load_policy  # noqa: E402
 from mmgpg.models.save import policy_weights  # noqa: E402
-from mmgpg.rollout.engine import Sampling, build_engine  # noqa: E402
+from mmgpg.rollout.engine import EngineSettings, Sampling, build_engine  # noqa: E402
 
 TOKEN_TOL, MEAN_TOL = 5e-4, 5e-5
 TEXT_MODEL = ["model.name_or_path=tiny:qwen2", "model.dtype=float32", "model.max_prompt_length=1024"]
@@ -119,7 +119,7 @@ def test_server_weight_channel_buckets_drops_and_restart(tiny_text_dir, monkeypa
     cfg = resolve([*TEXT_MODEL, "rollout.engine=vllm", f"rollout.vllm_server={url}", "rollout.vllm_server_timeout=60",
                    "rollout.vllm_sync_bucket_mb=0.25", "rollout.max_new_tokens=16"]).config
     try:
-        eng = build_engine("vllm", policy, cfg)  # the first sync opens the channel
+        eng = build_engine("vllm", policy, EngineSettings.from_config(cfg))  # the first sync opens the channel
         assert eng.core.channel == "dist" and eng.core._end is not None
         _perturb(policy, 1)
         assert _diff(policy, eng).mean() > 100 * MEAN_TOL  # stale: the check would see it
@@ -184,7 +184,7 @@ def test_file_channel_writes_the_servers_dtype(tiny_text_dir, tmp_path):
         cfg = resolve([*TEXT_MODEL, "rollout.engine=vllm", f"rollout.vllm_server={url}",
                        "rollout.vllm_server_timeout=60", "rollout.vllm_sync_channel=files", "rollout.max_new_tokens=16",
                        f"rollout.vllm_sync_dir={tmp_path}"]).config
-        eng = build_engine("vllm", policy, cfg)
+        eng = build_engine("vllm", policy, EngineSettings.from_config(cfg))
         assert eng.weights_dtype == torch.bfloat16
         _perturb(policy, 1)
         stale = _diff(policy, eng).mean()

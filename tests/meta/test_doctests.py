@@ -12,7 +12,9 @@ MODULES = {
     "mmgpg.models.lora": 4,
     "mmgpg_tasks.arith": 1,
     "mmgpg.rollout.check": 5,
-    "mmgpg.rollout.collect": 2,  # length_ordered, padding_counts
+    "mmgpg.rollout.collect": 3,  # length_ordered, plan_micro_batches, padding_counts
+    "mmgpg.models.batch": 2,  # join_vision
+    "mmgpg.models.qwen_vl": 1,  # split_media
     "mmgpg.rollout.vllm_channel": 3,
     "mmgpg.rollout.vllm_core": 2,
 }

@@ -2,7 +2,8 @@
 over ~500 lines without a reason.
 
 Imports are read from the source (every ``import``, also those inside functions, which are a design dependency all
-the same); imports under ``if TYPE_CHECKING:`` are annotations only and are not counted.
+the same); imports under ``if TYPE_CHECKING:`` are annotations only: they do not count for the layers, but a circle
+between folders is refused with them too (a type that names a folder above is still a dependency on it).
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ def _module_name(path: Path, root: Path = PACKAGE) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path, package: str, modules: set[str]) -> set[str]:
+def _imports(path: Path, package: str, modules: set[str], type_only_too: bool = False) -> set[str]:
     tree = ast.parse(path.read_text())
     type_only = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) and not type_only_too:
             type_only.update(id(n) for stmt in node.body for n in ast.walk(stmt))
     found = set()
     for node in ast.walk(tree):
@@ -64,12 +65,12 @@ def _imports(path: Path, package: str, modules: set[str]) -> set[str]:
     return found
 
 
-def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+def import_graph(root: Path = PACKAGE, type_only_too: bool = False) -> dict[str, set[str]]:
     paths = {_module_name(p, root): p for p in root.rglob("*.py")}
     graph = {}
     for name, path in paths.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        graph[name] = _imports(path, package, set(paths)) - {name}
+        graph[name] = _imports(path, package, set(paths), type_only_too) - {name}
     return graph
 
 
@@ -172,6 +173,23 @@ def test_no_folder_imports_a_folder_above_it():
 
 def test_no_import_cycle_between_folders():
     assert find_cycle(folder_graph(import_graph())) is None
+
+
+def test_no_import_cycle_between_folders_counting_annotations():
+    """A type named under ``if TYPE_CHECKING:`` from a folder above is a dependency too: no circle with those either."""
+    assert find_cycle(folder_graph(import_graph(type_only_too=True))) is None
+
+
+def test_a_type_only_circle_is_seen(tmp_path):
+    pkg = tmp_path / "mmgpg"
+    for folder in ("low", "high"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mmgpg.high import b\n")
+    (pkg / "high" / "b.py").write_text("from mmgpg.low import a\n")
+    assert find_cycle(folder_graph(import_graph(pkg))) is None
+    assert find_cycle(folder_graph(import_graph(pkg, type_only_too=True))) == ["high", "low", "high"]
 
 
 def test_help_and_config_show_import_no_torch():

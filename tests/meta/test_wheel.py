@@ -15,9 +15,8 @@ import importlib.util, json, sys
 from importlib.metadata import entry_points
 from importlib.resources import files
 import mmgpg
-from mmgpg.task import build_task, registered_tasks
+from mmgpg.task import TASKS, build_task
 from mmgpg.config import resolve
-eps = registered_tasks()
 task = build_task("shapes", {"num_train": 2})
 example = task.load("train")[0]
 # validate_config=False: full validation reads the algorithm registries, which import torch, and this venv has
@@ -26,7 +25,7 @@ cfg = resolve(["task=shapes", "model=qwen2_vl_2b"], validate_config=False).confi
 print(json.dumps({
     "mmgpg": mmgpg.__file__,
     "tasks_module": importlib.util.find_spec("mmgpg_tasks.shapes").origin,
-    "entry_point": eps["shapes"].value,
+    "entry_point": TASKS.describe("shapes"),
     "generic_tasks_package": importlib.util.find_spec("tasks") is not None,
     "configs": sorted(p.name for p in (files("mmgpg.configs") / "model").iterdir()),
     "example_answer": example.answer,
@@ -34,7 +33,7 @@ print(json.dumps({
     "max_new_tokens": cfg.rollout.max_new_tokens,
     "geoqa_test_lines": len((files("mmgpg_tasks") / "data/geoqa/geoqa_test_prompts.jsonl").read_text().splitlines()),
     "pets_classes": len((files("mmgpg_tasks") / "data/fine_grained/pets.classes.txt").read_text().split("\n")),
-    "paper_tasks": sorted(n for n in eps if n in ("cv_bench", "geoqa", "fine_grained", "lisa_grounding")),
+    "paper_tasks": sorted(n for n in TASKS if n in ("cv_bench", "geoqa", "fine_grained", "lisa_grounding")),
 }))
 """
 

@@ -69,10 +69,10 @@ def test_geoqa_strict_success_reuses_the_accuracy_reward_it_declares_equal_to_th
     outputs = ["<answer>140°</answer>", "<answer> 2 </answer>", "<think>x</think><answer>2√{15}</answer>", "", "140",
                "<answer>3</answer>", "<answer>\\frac{1}{2}</answer>"]
     for gold in ("140°", "2√{15}米", "0.5", "3"):
-        ex = Example(id="g", images=[], question="q", answer=gold, meta={"ground_truth": gold})
+        ex = Example(id="g", media=[], question="q", answer=gold, meta={"ground_truth": gold})
         for out in outputs:
             assert task.accuracy_reward(out, ex, "strict") == task.judge(out, ex, "strict").correct, (out, gold)
-    ex = Example(id="g", images=[], question="q", answer="3", meta={"ground_truth": "3"})
+    ex = Example(id="g", media=[], question="q", answer="3", meta={"ground_truth": "3"})
     rewards = task_rewards(task, "<answer>3</answer>", ex)
     calls = []
     monkeypatch.setattr(type(task), "judge", lambda self, *a: calls.append(a))
@@ -349,7 +349,6 @@ def test_a_task_file_outside_the_repo_trains_and_evaluates(tmp_path):
 
 
 def test_lisa_evaluation_with_a_sam_checkpoint_reports_mask_metrics(tmp_path, tiny_dirs, tiny_sam_dir):
-    from mmgpg.config import resolve
     from mmgpg.evaluation.run import evaluate
     from mmgpg.models.load import load_policy
     from mmgpg.rollout.hf import HFEngine
@@ -358,7 +357,7 @@ def test_lisa_evaluation_with_a_sam_checkpoint_reports_mask_metrics(tmp_path, ti
     _reasonseg(tmp_path, "test", "c", [[10, 10], [60, 10], [60, 40], [10, 40]], ["the other"], size=(90, 70))
     policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", max_pixels=12544)
     task = build_task("lisa_grounding", {"data_root": str(tmp_path), "sam_checkpoint": str(tiny_sam_dir)})
-    metrics, records = evaluate(HFEngine(policy, resolve([]).config), task, list(task.load("test")), max_new_tokens=6)
+    metrics, records = evaluate(HFEngine(policy), task, list(task.load("test")), max_new_tokens=6)
     assert {"miou", "giou", "ciou", "parse_failures"} <= metrics.keys()
     assert 0.0 <= metrics["giou"] <= 1.0 and all("mask_iou" in r for r in records)
     assert metrics["giou"] == pytest.approx(sum(r["mask_iou"] for r in records) / 2)
@@ -388,7 +387,6 @@ def test_geoqa_strict_normal_form(pred, gt, correct):
 def test_evaluation_judges_each_output_once_per_protocol(tmp_path, tiny_dirs):
     """run_evaluation and rescore_predictions judge every output once under the evaluation protocol (count_mc's
     accuracy reward is the judge under its own reward protocol: one judgement more, under that protocol only)."""
-    from mmgpg.config import resolve
     from mmgpg.evaluation.predictions import rescore_predictions, write_report
     from mmgpg.evaluation.run import run_evaluation
     from mmgpg.models.load import load_policy
@@ -397,7 +395,7 @@ def test_evaluation_judges_each_output_once_per_protocol(tmp_path, tiny_dirs):
     task = build_task(f"{FIXTURE_TASKS}:JudgeCountingScenes",
                       {"num_test": 3, "reward_protocol": "strict"})
     policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544)
-    report = run_evaluation(HFEngine(policy, resolve([]).config), task, "test", limit=None, protocol="paper",
+    report = run_evaluation(HFEngine(policy), task, "test", limit=None, protocol="paper",
                             max_new_tokens=4, checkpoint="tiny", engine_name="hf")
     ids = [f"scenes-count_mc-test-{i}" for i in range(3)]
     assert sorted(task.judged) == sorted([(i, "paper") for i in ids] + [(i, "strict") for i in ids])

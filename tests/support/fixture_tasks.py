@@ -110,7 +110,7 @@ class TextParity(Task):
     def example(self, split: str, index: int) -> Example:
         rng = random.Random(f"{self.seed}:{split}:{index}")
         number = rng.randint(0, 10 ** rng.randint(1, 5))  # 1 to 6 digits: prompts of different token lengths
-        return Example(id=f"text-parity-{split}-{index}", images=[], answer="odd" if number % 2 else "even",
+        return Example(id=f"text-parity-{split}-{index}", media=[], answer="odd" if number % 2 else "even",
                        question=f"Is {number} even or odd? Put the word in <answer> </answer> tags.")
 
     def load(self, split: str) -> Sequence[Example]:
@@ -130,7 +130,7 @@ class TextParity(Task):
 
     def example_from_record(self, record: dict) -> Example:
         """``mmgpg eval --predictions``: a row's question and ground truth (the default ``record_fields``)."""
-        return Example(id=str(record["id"]), images=[], answer=str(record["ground_truth"]),
+        return Example(id=str(record["id"]), media=[], answer=str(record["ground_truth"]),
                        question=str(record.get("question", "")))
 
 

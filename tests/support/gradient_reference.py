@@ -87,8 +87,7 @@ def sequence_token_logprobs(policy, prompt, completion: list[int], temperature: 
     if policy.vision_tower is not None:  # a vision-language model: its image-token types, and the images if any
         kwargs["mm_token_type_ids"] = torch.cat([batch.mm_token_type_ids[0],
                                                  torch.zeros(len(completion), dtype=torch.long)])[None]
-    if batch.pixel_values is not None:
-        kwargs.update(pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw)
+    kwargs.update(batch.vision[0])  # the prompt's vision inputs as its processor returns them (none for text)
     logits = policy.model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs).logits[0]
     logits = logits.float() / temperature
     logits[:, policy.suppressed_token_ids] = float("-inf")

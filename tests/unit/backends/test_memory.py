@@ -16,7 +16,8 @@ import torch
 from mmgpg.backends import memory as P
 from mmgpg.cli import main
 from mmgpg.cli import plan as plan_cli
-from mmgpg.models.tiny import SHAPE_TRUE, SHAPE_TRUE_7B, TINY, Dims, save_config_only
+from mmgpg.models.qwen2 import SHAPE_TRUE, SHAPE_TRUE_7B
+from mmgpg.models.tiny import TINY, Dims, save_config_only
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +193,8 @@ def _vision_saved_bytes(family: str, depth: int, dtype: torch.dtype, d: int, m: 
         Qwen2_5_VLForConditionalGeneration,
         Qwen2VLConfig,
         Qwen2VLForConditionalGeneration,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
     )
 
     torch.manual_seed(0)
@@ -199,16 +202,24 @@ def _vision_saved_bytes(family: str, depth: int, dtype: torch.dtype, d: int, m: 
                 num_key_value_heads=2, bos_token_id=0, eos_token_id=1, pad_token_id=0,
                 rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 6, 6]})
     ids = dict(image_token_id=500, video_token_id=501, vision_start_token_id=502, vision_end_token_id=503)
+    patch = 16 if family == "qwen3_vl" else 14
     if family == "qwen2_vl":
         vision = dict(depth=depth, embed_dim=d, hidden_size=128, num_heads=4, mlp_ratio=m // d)
         model = Qwen2VLForConditionalGeneration(Qwen2VLConfig(text_config=text, vision_config=vision, **ids))
+    elif family == "qwen3_vl":  # interleaved M-RoPE sections over head_dim 32; one DeepStack merger (not a block)
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [6, 5, 5],
+                                   "mrope_interleaved": True}
+        vision = dict(depth=depth, hidden_size=d, out_hidden_size=128, num_heads=4, intermediate_size=m,
+                      patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[0])
+        model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(text_config=dict(text, head_dim=32),
+                                                              vision_config=vision, **ids))
     else:
         vision = dict(depth=depth, hidden_size=d, out_hidden_size=128, num_heads=4, intermediate_size=m,
                       window_size=112, fullatt_block_indexes=[depth - 1])
         model = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids))
     model = model.to(dtype).train()
     grid = torch.tensor([[1, 16, 16]])
-    pixels = torch.randn(256, 3 * 2 * 14 * 14, dtype=dtype)
+    pixels = torch.randn(256, 3 * 2 * patch * patch, dtype=dtype)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages: dict[int, int] = {}
 
@@ -222,7 +233,7 @@ def _vision_saved_bytes(family: str, depth: int, dtype: torch.dtype, d: int, m: 
     return sum(storages.values()), 256
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 @pytest.mark.parametrize("dtype, precision", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])
 def test_vision_block_activations_equal_what_autograd_saves(family, dtype, precision):
     # (D, M) = (192, 384): not one of the three pairs the coefficients were solved from.

@@ -1,16 +1,19 @@
-"""The tiny model end to end: build -> save -> load with the auto classes -> sample G=8 for two prompts with
-different image sizes -> completion log-probs equal an independent full-logits reference -> gradients reach both
-the language model and the vision tower."""
+"""The tiny model of every Qwen-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL dense and MoE) end to end: build -> save ->
+load with the auto classes -> sample G=8 for prompts with several images of different sizes, one image and none
+(left padding) -> completion log-probs equal an independent full-logits reference -> gradients reach both the
+language model and the vision tower; the images encoded once per prompt equal the repeated pixels; the sampler's
+distribution equals the scored one."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from support.conversations import two_image_conversations
+from support.conversations import mixed_image_conversations, two_image_conversations
+from support.families import QWEN_VL
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from mmgpg.models import Policy
-from mmgpg.models.batch import CompletionBatch
+from mmgpg.models.batch import CompletionBatch, join_vision
 from mmgpg.models.load import load_policy
 
 G = 8
@@ -21,8 +24,6 @@ def reference_logprobs(policy: Policy, batch, rollout) -> torch.Tensor:
     vocabulary the sampler may emit (vision special tokens are suppressed in generation)."""
     model = policy.model
     out = torch.zeros(rollout.completion_ids.shape)
-    rows = batch.image_grid_thw.prod(-1).tolist()
-    pixels = torch.split(batch.pixel_values, rows)
     for i in range(rollout.num_sequences):
         p = i // rollout.group_size
         keep = batch.attention_mask[p].bool()
@@ -32,7 +33,7 @@ def reference_logprobs(policy: Policy, batch, rollout) -> torch.Tensor:
         mm = torch.cat([batch.mm_token_type_ids[p][keep], torch.zeros(n, dtype=torch.long)])[None]
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm,
-                           pixel_values=pixels[p], image_grid_thw=batch.image_grid_thw[p : p + 1]).logits[0]
+                           **batch.vision[p]).logits[0]
         logits = logits.float()
         logits[:, policy.vision_token_ids] = float("-inf")
         logp = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1]
@@ -40,23 +41,31 @@ def reference_logprobs(policy: Policy, batch, rollout) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+CLASSES = {"qwen2_vl": "Qwen2VL", "qwen2_5_vl": "Qwen2_5_VL", "qwen3_vl": "Qwen3VL", "qwen3_vl_moe": "Qwen3VLMoe",
+           "qwen3_5": "Qwen3_5", "qwen3_5_moe": "Qwen3_5Moe"}
+PROCESSORS = {"qwen2_vl": "Qwen2VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor",
+              "qwen3_vl_moe": "Qwen3VLProcessor", "qwen3_5": "Qwen3VLProcessor", "qwen3_5_moe": "Qwen3VLProcessor"}
+
+
+@pytest.mark.parametrize("family", QWEN_VL)
 def test_roundtrip_generate_logprobs_backward(tiny_dirs, family):
     path = tiny_dirs[family]
     # The saved directory is a standard HF one: the auto classes load it.
-    assert type(AutoProcessor.from_pretrained(path)).__name__ in ("Qwen2VLProcessor", "Qwen2_5_VLProcessor")
-    assert type(AutoModelForImageTextToText.from_pretrained(path)).__name__.startswith("Qwen2")
+    assert type(AutoProcessor.from_pretrained(path)).__name__ == PROCESSORS[family]
+    assert type(AutoModelForImageTextToText.from_pretrained(path)).__name__ == \
+        CLASSES[family] + "ForConditionalGeneration"
 
     torch.manual_seed(0)
     policy = load_policy(str(path), dtype="float32", min_pixels=56 * 56, max_pixels=112 * 112, device="cpu")
-    batch = policy.encode_prompts(two_image_conversations())
-    # Different image sizes -> different numbers of image tokens -> the shorter prompt is left-padded.
-    assert batch.image_grid_thw.tolist() == [[1, 8, 8], [1, 8, 4]]
-    assert batch.attention_mask[1, 0] == 0 and batch.attention_mask[0].all()
+    batch = policy.encode_prompts(mixed_image_conversations())
+    # Images of different sizes -> different grids; prompts of different lengths -> left padding.
+    grids = [g for v in batch.vision for g in v.get("image_grid_thw", torch.zeros(0, 3)).tolist()]
+    assert len(grids) == 3 and len({tuple(g) for g in grids}) == 3 and batch.media_per_prompt == [2, 1, 0]
+    assert batch.attention_mask[0].all() and not batch.attention_mask[1:, 0].any()
 
     rollout = policy.generate(batch, G, max_new_tokens=24)
-    assert rollout.completion_ids.shape[0] == 2 * G and len(rollout.texts) == 2 * G
-    assert rollout.num_completion_tokens > 2 * G
+    assert rollout.completion_ids.shape[0] == 3 * G and len(rollout.texts) == 3 * G
+    assert rollout.num_completion_tokens > 3 * G
 
     policy.model.train()
     logp = policy.completion_logprobs(rollout, chunk_size=13)  # a chunk size that does not divide the token count
@@ -75,11 +84,13 @@ def test_roundtrip_generate_logprobs_backward(tiny_dirs, family):
     assert policy.model.get_output_embeddings().weight.grad.abs().sum() > 0
 
 
-def test_shared_image_features_equal_repeated_pixels(tiny_dirs):
-    """Encoding each image once for its G copies gives the same log-probs and the same gradients."""
-    policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
+@pytest.mark.parametrize("family", QWEN_VL)
+def test_shared_image_features_equal_repeated_pixels(tiny_dirs, family):
+    """Encoding each image once for its G copies gives the same log-probs and the same gradients (Qwen3-VL: with its
+    DeepStack features shared the same way)."""
+    policy = load_policy(str(tiny_dirs[family]), dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
     torch.manual_seed(1)
-    rollout = policy.generate(policy.encode_prompts(two_image_conversations()), 4, max_new_tokens=12)
+    rollout = policy.generate(policy.encode_prompts(mixed_image_conversations()), 4, max_new_tokens=12)
     results = []
     for once in (True, False):
         policy.model.zero_grad()
@@ -110,7 +121,8 @@ def test_micro_batch_of_prompts_matches_full_batch(tiny_dirs):
     torch.testing.assert_close(torch.cat(pad), full, atol=1e-5, rtol=0)
 
 
-def test_sampler_distribution_is_the_scored_distribution(tiny_dirs, tmp_path):
+@pytest.mark.parametrize("family", QWEN_VL)
+def test_sampler_distribution_is_the_scored_distribution(tiny_dirs, tmp_path, family):
     """Even when the checkpoint's generation_config asks for top_k=1 / repetition_penalty (as Qwen's do), the
     sampler's processed scores equal the scored log-softmax: sampling is exactly on-policy."""
     import shutil
@@ -118,7 +130,7 @@ def test_sampler_distribution_is_the_scored_distribution(tiny_dirs, tmp_path):
     from transformers import GenerationConfig
 
     path = tmp_path / "qwen_like"
-    shutil.copytree(tiny_dirs["qwen2_vl"], path)
+    shutil.copytree(tiny_dirs[family], path)
     gen = GenerationConfig.from_pretrained(path)
     gen.update(do_sample=True, top_k=1, top_p=0.001, temperature=0.1, repetition_penalty=1.05)
     gen.save_pretrained(path)
@@ -127,8 +139,8 @@ def test_sampler_distribution_is_the_scored_distribution(tiny_dirs, tmp_path):
     torch.manual_seed(3)
     kwargs = policy.sampling_kwargs(max_new_tokens=8, temperature=0.7)
     out = policy.model.generate(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                mm_token_type_ids=batch.mm_token_type_ids, pixel_values=batch.pixel_values,
-                                image_grid_thw=batch.image_grid_thw, num_return_sequences=2,
+                                mm_token_type_ids=batch.mm_token_type_ids, **join_vision(batch.vision),
+                                num_return_sequences=2,
                                 output_scores=True, return_dict_in_generate=True, **kwargs)
     comp = out.sequences[:, batch.input_ids.shape[1]:]
     scores = torch.stack(out.scores, 1).log_softmax(-1)  # processed: temperature only
@@ -164,7 +176,7 @@ def test_prompt_longer_than_limit_is_an_error(tiny_dirs):
 def test_pixel_bounds_control_the_visual_tokens(tiny_dirs):
     small = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", min_pixels=3136, max_pixels=3136, device="cpu")
     batch = small.encode_prompts(two_image_conversations()[:1])
-    assert batch.image_grid_thw.tolist() == [[1, 4, 4]]  # 112x112 shrunk to 56x56 -> 4 merged tokens
+    assert batch.vision[0]["image_grid_thw"].tolist() == [[1, 4, 4]]  # 112x112 shrunk to 56x56 -> 4 merged tokens
     assert int(batch.mm_token_type_ids.sum()) == 4
 
 

@@ -11,7 +11,7 @@ import torch
 from mmgpg.config import ConfigError, resolve
 from mmgpg.models.load import load_policy
 from mmgpg.rollout.check import LogprobDiff, LogprobMismatchError, check_logprob_diff
-from mmgpg.rollout.engine import build_engine
+from mmgpg.rollout.engine import EngineSettings, build_engine
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +22,13 @@ def policy(tiny_dirs):
 def test_top_p_with_the_check_is_a_config_error(policy):
     cfg = resolve(["model=tiny", "rollout.engine=vllm", "rollout.top_p=0.9"]).config
     with pytest.raises(ConfigError, match="rollout.top_p/top_k.*logprob_check=false"):
-        build_engine("vllm", policy, cfg)
+        build_engine("vllm", policy, EngineSettings.from_config(cfg))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_missing_vllm_names_the_install_doc(policy):
     with pytest.raises(ConfigError, match="docs/install.md"):
-        build_engine("vllm", policy, resolve(["model=tiny", "rollout.engine=vllm"]).config)
+        build_engine("vllm", policy, EngineSettings.from_config(resolve(["model=tiny", "rollout.engine=vllm"]).config))
 
 
 def test_unreachable_server_is_one_clear_error(policy):
@@ -38,11 +38,11 @@ def test_unreachable_server_is_one_clear_error(policy):
                    "rollout.vllm_server_timeout=2"]).config
     t0 = time.monotonic()
     with pytest.raises(VLLMServerError, match="no vLLM server answered at http://127.0.0.1:9.*mmgpg vllm-serve"):
-        build_engine("vllm", policy, cfg)
+        build_engine("vllm", policy, EngineSettings.from_config(cfg))
     assert time.monotonic() - t0 < 60
     cfg.rollout.vllm_server = "127.0.0.1:9"
     with pytest.raises(ValueError, match="not an http:// URL"):
-        build_engine("vllm", policy, cfg)
+        build_engine("vllm", policy, EngineSettings.from_config(cfg))
 
 
 def test_logprob_diff_over_micro_batches_and_the_limits():
@@ -70,5 +70,5 @@ def test_a_text_policy_gets_past_the_family_check(tiny_text_dir):
     text_policy = load_policy(str(tiny_text_dir), dtype="float32", device="cpu")
     cfg = resolve(["model.name_or_path=tiny:qwen2", "rollout.engine=vllm"]).config
     with pytest.raises(ConfigError, match="vLLM is not installed.*docs/install.md") as err:
-        build_engine("vllm", text_policy, cfg)
+        build_engine("vllm", text_policy, EngineSettings.from_config(cfg))
     assert "text-only" not in str(err.value)

@@ -6,7 +6,7 @@ import pytest
 
 from mmgpg.config import ConfigError
 from mmgpg.evaluation.run import judge_output
-from mmgpg.task import build_task, registered_tasks, task_rewards
+from mmgpg.task import TASKS, build_task, task_rewards
 
 
 def item(task, a: int, b: int):
@@ -19,7 +19,7 @@ def item(task, a: int, b: int):
 def test_arith_is_a_registered_text_task_with_a_config():
     from mmgpg.config import resolve
 
-    assert registered_tasks()["arith"].value == "mmgpg_tasks.arith:ArithTask"
+    assert TASKS.describe("arith") == "mmgpg_tasks.arith:ArithTask"
     cfg = resolve(["task=arith", "model=tiny_qwen2"]).config
     assert cfg.task.name == "arith" and cfg.rollout.max_new_tokens == 48
 

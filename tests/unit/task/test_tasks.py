@@ -7,13 +7,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmgpg.config import ConfigError
-from mmgpg.task import Example, TaskNotFound, build_task, find_task_class, registered_tasks, task_rewards
+from mmgpg.task import TASKS, Example, TaskNotFound, build_task, find_task_class, task_rewards
 from mmgpg.task.rewards import extract_answer, format_reward, integer_accuracy, parse_int
 
 
 def test_builtin_tasks_are_entry_points_of_mmgpg_tasks():
-    eps = registered_tasks()
-    assert eps["shapes"].value == "mmgpg_tasks.shapes:ShapesTask"
+    from importlib.metadata import entry_points
+
+    assert {ep.name: ep.value for ep in entry_points(group="mmgpg.tasks")}["shapes"] == "mmgpg_tasks.shapes:ShapesTask"
+    assert TASKS.describe("shapes") == "mmgpg_tasks.shapes:ShapesTask"  # the one registry reads them
     cls = find_task_class("shapes")
     assert cls.__module__ == "mmgpg_tasks.shapes"
 
@@ -44,7 +46,7 @@ class Parity(Task):
         self.rewards = {"accuracy": lambda c, ex: float(c.strip() == ex.answer)}
 
     def load(self, split):
-        return [Example(id=str(i), images=[], question=f"Is {i} even?", answer="yes" if i % 2 == 0 else "no")
+        return [Example(id=str(i), media=[], question=f"Is {i} even?", answer="yes" if i % 2 == 0 else "no")
                 for i in range(self.size)]
 
     def prompt(self, example):
@@ -145,7 +147,7 @@ def test_extractors():
 @settings(max_examples=2000, deadline=None)  # no wall-clock bound: the machine may be loaded
 @given(st.text(max_size=300), st.integers(-5, 10))
 def test_rewards_are_total_on_any_text(text, gold):
-    ex = Example(id="x", images=[], question="", answer=gold)
+    ex = Example(id="x", media=[], question="", answer=gold)
     task = build_task("shapes")
     for fn in task.rewards.values():
         assert fn(text, ex) in (0.0, 1.0)
@@ -215,7 +217,7 @@ def test_success_that_is_not_a_bool_is_an_error_not_a_silent_success(value):
         def success(self, completion, example, rewards):
             return self.out
 
-    ex = Example(id="e7", images=[], question="q", answer=1)
+    ex = Example(id="e7", media=[], question="q", answer=1)
     with pytest.raises(ValueError, match=r"'returns': success\(\) returned .* for example 'e7', not a bool or None"):
         task_success(Returns(value), "x", ex, {})
     assert task_success(Returns(np.float64(1.0) >= 1.0), "x", ex, {}) is True  # numpy's bool_

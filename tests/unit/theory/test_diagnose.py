@@ -246,7 +246,7 @@ def test_config_of_an_older_run_is_read_with_its_unknown_keys_named(tmp_path):
     save_config(resolve(["algo=gpg"]), run, "train")
     text = (run / "config.yaml").read_text().replace("train:\n", "train:\n  retired_option: 3\n", 1)
     (run / "config.yaml").write_text(text)
-    cfg, ignored = read_config(run / "config.yaml", lenient=True)
+    cfg, ignored, _ = read_config(run / "config.yaml", lenient=True)
     assert ignored == ["train.retired_option"] and cfg.algo.name == "gpg"
     (run / "config.yaml").write_text(text.replace("group_size: 8", "group_size: eight"))
     from mmgpg.config import ConfigError

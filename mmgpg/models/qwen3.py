@@ -1,0 +1,157 @@
+"""The Qwen3 line: Qwen3-VL (dense) and Qwen3-VL-MoE, Qwen3.5 (dense and MoE; natively multimodal, its text stack
+mixing Gated-DeltaNet linear-attention and full-attention layers), and the text-only Qwen3 and Qwen3.5. Their
+:class:`~mmgpg.models.Family` entries and their parts for the offline tiny builder (:mod:`mmgpg.models.tiny`).
+
+Qwen3.5's linear-attention layers keep a recurrent state. They honour left padding (transformers zeroes padded
+positions with the 2-D attention mask before the convolution and the delta rule: exact, tested), but rows packed into
+one sequence would carry the state from one row into the next, so Qwen3.5 never packs (``Family.packing``).
+
+Qwen3-VL runs through the same policy as Qwen2-VL (:class:`mmgpg.models.qwen_vl.QwenVLPolicy`): the same processor
+outputs (``pixel_values`` rows, ``image_grid_thw``, ``mm_token_type_ids``), 3-D rotary positions computed by the
+model from them (interleaved M-RoPE in Qwen3-VL), and vision features that the policy computes once per prompt and
+passes as ``mm_encoder_outputs``, DeepStack features included. Its patches are 16 pixels (Qwen2-VL: 14), so an image
+is resized to multiples of 32 (:attr:`QwenVLPolicy.patch_size` is read from the processor).
+
+Imports no torch at module level.
+"""
+
+from __future__ import annotations
+
+from mmgpg.models import Family
+from mmgpg.models.qwen2 import MEDIA_PARTS, MROPE_PACKING, TEXT_PARTS, chat_template
+from mmgpg.models.tiny import QWEN_SPECIAL_TOKENS, TINY, Dims, check_choice
+
+# The vision blocks' linear layers (attention qkv/proj, the MLP's linear_fc1/linear_fc2) and the mergers' (the final
+# merger and the DeepStack mergers: linear_fc1/linear_fc2 each).
+_VISION_LORA = r"model\.visual\.blocks\.\d+\.(?:attn\.(?:qkv|proj)|mlp\.linear_fc[12])"
+_MERGER_LORA = r"model\.visual\.(?:merger|deepstack_merger_list\.\d+)\.linear_fc[12]"
+# The vision block's saved bytes per patch, a·D + b·M + c (fp32, bf16): LayerNorm, linear_fc1 -> GELU -> linear_fc2.
+_VISION_BYTES = ((44, 8, 32), (22, 4, 24))
+
+_QWEN_VL = dict(policy="mmgpg.models.qwen_vl:QwenVLPolicy", tiny="mmgpg.models.qwen3", box_format="norm1000",
+                lora_vision=_VISION_LORA, lora_merger=_MERGER_LORA, vision_block_bytes=_VISION_BYTES)
+RECURRENT_PACKING = ("its linear-attention layers carry a recurrent state from one packed row into the next (and "
+                     "transformers passes them no sequence boundaries); micro-batches are length-grouped and trimmed "
+                     "instead")
+QWEN3_VL = Family("qwen3_vl", "Qwen3-VL", example="Qwen/Qwen3-VL-2B-Instruct", packing_note=MROPE_PACKING, **_QWEN_VL)
+QWEN3_VL_MOE = Family("qwen3_vl_moe", "Qwen3-VL-MoE", example="Qwen/Qwen3-VL-30B-A3B-Instruct",
+                      packing_note=MROPE_PACKING, **_QWEN_VL)
+# Qwen3.5 keeps Qwen3-VL's vision tower (without DeepStack) and its 0-1000 boxes (Qwen's grounding format since Qwen3-VL;
+# not stated separately for Qwen3.5 in a source we could read).
+QWEN3_5 = Family("qwen3_5", "Qwen3.5", example="Qwen/Qwen3.5-9B", packing_note=RECURRENT_PACKING, **_QWEN_VL)
+QWEN3_5_MOE = Family("qwen3_5_moe", "Qwen3.5-MoE", example="Qwen/Qwen3.5-35B-A3B", packing_note=RECURRENT_PACKING,
+                     **_QWEN_VL)
+QWEN3 = Family("qwen3", "Qwen3 (text)", policy="mmgpg.models.text:TextPolicy", tiny="mmgpg.models.qwen3",
+               example="Qwen/Qwen3-1.7B", takes_images=False, vision_module="", packing=True)
+QWEN3_5_TEXT = Family("qwen3_5_text", "Qwen3.5 (text)", policy="mmgpg.models.text:TextPolicy",
+                      tiny="mmgpg.models.qwen3", example="a Qwen3.5 language model saved as Qwen3_5ForCausalLM",
+                      takes_images=False, vision_module="", packing_note=RECURRENT_PACKING)
+
+# Qwen3's released chat templates open with no default system turn (Qwen2's had one).
+CHAT_TEMPLATE = chat_template(None, MEDIA_PARTS)
+TEXT_CHAT_TEMPLATE = chat_template(None, TEXT_PARTS)
+
+# The tiny models' extra dimensions: head_dim 32 (interleaved M-RoPE sections summing to 16), 4 experts with 2 active
+# per token in the MoE, a vision tower of patch 16 whose first block feeds a DeepStack merger. Qwen3.5: one
+# linear-attention and one full-attention layer, head_dim 64 with a quarter of it rotary (as the released models) and
+# M-RoPE sections summing to 8, a shared expert beside the routed ones in the MoE.
+TINY_MROPE_SECTION = (6, 5, 5)
+TINY_EXPERTS, TINY_EXPERTS_ACTIVE, TINY_MOE_INTERMEDIATE = 4, 2, 64
+TINY_QWEN3_5 = dict(head_dim=64, layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=4,
+                    linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4)
+QWEN3_5_ROPE = {"partial_rotary_factor": 0.25, "mrope_section": [3, 3, 2], "mrope_interleaved": True}
+
+
+def dims(family: str, size: str) -> Dims:
+    check_choice("size", size, ("tiny",))
+    return TINY
+
+
+def processor(family: str, tokenizer, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
+    """Qwen3-VL's processor (the Qwen2-VL image processor with 16-pixel patches, and Qwen3-VL's video processor)
+    around ``tokenizer``; for the text family the tokenizer itself with its chat template."""
+    if family in ("qwen3", "qwen3_5_text"):
+        tokenizer.chat_template = TEXT_CHAT_TEMPLATE
+        return tokenizer
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    tokenizer.chat_template = CHAT_TEMPLATE
+    size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
+    common = dict(size=size, patch_size=16, temporal_patch_size=2, merge_size=2,
+                  image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    return Qwen3VLProcessor(image_processor=Qwen2VLImageProcessor(**common), tokenizer=tokenizer,
+                            video_processor=Qwen3VLVideoProcessor(**common), chat_template=CHAT_TEMPLATE)
+
+
+def config(family: str, dims: Dims, tokenizer):
+    """The family's config (``Qwen3VLConfig``, ``Qwen3VLMoeConfig``, ``Qwen3_5Config``, ``Qwen3_5MoeConfig``,
+    ``Qwen3Config``, ``Qwen3_5TextConfig``) of ``dims``."""
+    from transformers import Qwen3Config, Qwen3VLConfig, Qwen3VLMoeConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
+    head_dim = dims.text_hidden // dims.text_heads
+    text = dict(vocab_size=dims.vocab_size, hidden_size=dims.text_hidden, intermediate_size=dims.text_intermediate,
+                num_hidden_layers=dims.text_layers, num_attention_heads=dims.text_heads,
+                num_key_value_heads=dims.text_kv_heads, head_dim=head_dim, max_position_embeddings=32768,
+                bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
+                tie_word_embeddings=dims.tie_word_embeddings)
+    if family == "qwen3":
+        return Qwen3Config(**text, rope_parameters={"rope_type": "default", "rope_theta": dims.rope_theta})
+    if family.startswith("qwen3_5"):
+        return _qwen3_5(family, dict(text, **TINY_QWEN3_5), dims, ids)
+    if sum(TINY_MROPE_SECTION) * 2 != head_dim:
+        raise ValueError(f"mrope_section {TINY_MROPE_SECTION} must sum to head_dim/2 = {head_dim // 2}")
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": dims.rope_theta,
+                               "mrope_section": list(TINY_MROPE_SECTION), "mrope_interleaved": True}
+    vision = dict(depth=dims.vision_depth, hidden_size=dims.vision_dim, intermediate_size=dims.vision_intermediate,
+                  num_heads=dims.vision_heads, patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+                  out_hidden_size=dims.text_hidden, num_position_embeddings=64, deepstack_visual_indexes=[0])
+    token_ids = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                     vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+                     tie_word_embeddings=dims.tie_word_embeddings)
+    if family == "qwen3_vl":
+        return Qwen3VLConfig(text_config=text, vision_config=vision, **token_ids)
+    text.update(num_experts=TINY_EXPERTS, num_experts_per_tok=TINY_EXPERTS_ACTIVE,
+                moe_intermediate_size=TINY_MOE_INTERMEDIATE, decoder_sparse_step=1)
+    return Qwen3VLMoeConfig(text_config=text, vision_config=vision, **token_ids)
+
+
+def _qwen3_5(family: str, text: dict, dims: Dims, ids: dict):
+    import transformers
+
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": dims.rope_theta, **QWEN3_5_ROPE}
+    if family == "qwen3_5_text":
+        return transformers.Qwen3_5TextConfig(**text)
+    if family == "qwen3_5_moe":
+        text.pop("intermediate_size")
+        text.update(num_experts=TINY_EXPERTS, num_experts_per_tok=TINY_EXPERTS_ACTIVE,
+                    moe_intermediate_size=TINY_MOE_INTERMEDIATE, shared_expert_intermediate_size=TINY_MOE_INTERMEDIATE)
+    vision = dict(depth=dims.vision_depth, hidden_size=dims.vision_dim, intermediate_size=dims.vision_intermediate,
+                  num_heads=dims.vision_heads, patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+                  out_hidden_size=dims.text_hidden, num_position_embeddings=64)
+    cls = transformers.Qwen3_5Config if family == "qwen3_5" else transformers.Qwen3_5MoeConfig
+    return cls(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+               video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+               vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=dims.tie_word_embeddings)
+
+
+def model_class(family: str) -> type:
+    import transformers
+
+    return getattr(transformers, {"qwen3_vl": "Qwen3VLForConditionalGeneration",
+                                  "qwen3_vl_moe": "Qwen3VLMoeForConditionalGeneration",
+                                  "qwen3_5": "Qwen3_5ForConditionalGeneration",
+                                  "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+                                  "qwen3": "Qwen3ForCausalLM", "qwen3_5_text": "Qwen3_5ForCausalLM"}[family])
+
+
+def finish(model) -> None:
+    """Give the padding token's embedding row random values: ``nn.Embedding(padding_idx=...)`` initialises it to zero,
+    which would hide a padded position leaking into real ones (a zero input changes nothing) in the exactness tests."""
+    import torch
+
+    embed = model.get_input_embeddings()
+    pad = getattr(embed, "padding_idx", None)
+    if pad is not None:
+        with torch.no_grad():
+            embed.weight[pad].normal_(0.0, 0.02)
