@@ -347,10 +347,10 @@ def verify_checkpoint(checkpoint: Path) -> dict[str, int]:
     state = _safe_load(checkpoint / "trainer_state.pt", mmap=True)
     if not isinstance(state, dict) or not {"optimizer", "scheduler", "stream", "counters"} <= set(state):
         raise CheckpointError("trainer_state.pt lacks the optimizer, scheduler, stream or counters")
-    from mmgpg.backends import BACKENDS
+    from mmgpg.backends import BACKENDS, backend_fact
 
     for name in BACKENDS:  # each backend checks its own files (DeepSpeed: engine/), when the checkpoint has them
-        hook = BACKENDS.facts(name).get("verify_checkpoint")
+        hook = backend_fact(name, "verify_checkpoint")
         if hook is not None:
             hook(checkpoint, state, meta["world_size"])
     for rank in range(meta["world_size"]):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl  # at import: a lock released by garbage collection at interpreter exit can no longer import
 import json
 import os
 import socket
@@ -39,8 +40,6 @@ class RunLock:
         fd, self.fd = self.fd, None
         if fd is None:
             return
-        import fcntl
-
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)  # nobody holds it: no stale name for the next reader
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -54,7 +53,6 @@ def lock_run_dir(run_dir: str | Path, command: str, warn=None) -> RunLock:
     """Lock ``run_dir`` (created if needed) for this process, or raise :class:`RunDirLocked` naming the holder (its
     command, pid, host and start) and how to proceed. A lock whose holder is dead on this host (it was killed while a
     process it had forked, which inherited the lock, lives on) is taken over with a warning."""
-    import fcntl
 
     warn = warn or _warn
     run_dir = Path(run_dir)

@@ -15,9 +15,12 @@ The gold box is the min/max of the points of the *first* shape only, whatever it
 (``GPG:Visual-RFT/lisa_evaluation/gen_box_ann.py``). Training uses one item per (image, sentence)
 (``gen_sft.py``); val and test use only the first sentence of each image (``Qwen2_VL_lisa_infere.py``).
 
-Boxes are written in the model family's convention, ``task.box_format``: ``qwen2_vl`` — integers 0–1000 of the
-original image's width and height (truncated, as ``gen_sft.py`` does); ``qwen2_5_vl`` — absolute pixels of the image
-as the model sees it after resizing to ``[min_pixels, max_pixels]`` (set them as in ``model``).
+Boxes are written in the model family's convention, ``task.box_format``: ``norm1000`` (alias ``qwen2_vl``) —
+integers 0–1000 of the original image's width and height (truncated, as ``gen_sft.py`` does): Qwen2-VL, Qwen3-VL,
+Qwen3.5, InternVL; ``resized_pixels`` (alias ``qwen2_5_vl``) — absolute pixels of the image as the model sees it after
+resizing to ``[min_pixels, max_pixels]`` (set them as in ``model``): Qwen2.5-VL. A command that loads a model whose
+family declares the other convention (``Family.box_format``) refuses the task's option, naming the one to set; a family
+that documents none (Gemma 3, SmolVLM2, LLaVA-OneVision) runs with the option given.
 
 Rewards (``GPG:Visual-RFT/src/virft/src/open_r1/grpo_lisa.py:74-168``): ``paper`` = the authors' reward — math-verify
 first, then 2.0 on an exact string match, else their GIoU + 1 with signed areas (an inverted box can score above 2 or
@@ -48,7 +51,12 @@ R1_SYSTEM = ("A conversation between User and Assistant. The user asks a questio
              "assistant first thinks about the reasoning process in the mind and then provides the user with the "
              "answer. The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> "
              "tags, respectively, i.e., <think> reasoning process here </think><answer> answer here </answer>")
-BOX_FORMATS = ("qwen2_vl", "qwen2_5_vl")  # the families' box conventions: 0-1000 of the image / resized pixels
+# The box conventions: 0-1000 of the image's width and height, or pixels of the resized image; the GPG recipes name
+# them by the paper's families (aliases).
+BOX_FORMATS = ("norm1000", "resized_pixels")
+BOX_ALIASES = {"qwen2_vl": "norm1000", "qwen2_5_vl": "resized_pixels"}
+BOX_WORDS = {"norm1000": "integers 0-1000 of the image's width and height",
+             "resized_pixels": "pixels of the image as its processor resized it"}
 GET_DATA = ("Download ReasonSeg (LISA, github.com/dvlab-research/LISA: train/val/test folders of .json + .jpg), and "
             "set task.data_root=/path/to/ReasonSeg.")
 
@@ -74,7 +82,8 @@ class LisaGroundingTask(JudgedTask):
     data_root: str = ""
     """ReasonSeg directory with train/, val/, test/ (one .json + .jpg per image)."""
     box_format: str = "qwen2_vl"
-    """qwen2_vl: 0-1000 integers of the original image; qwen2_5_vl: pixels of the resized image."""
+    """norm1000 (alias qwen2_vl, the default): 0-1000 integers of the original image (Qwen2-VL, Qwen3-VL, Qwen3.5,
+    InternVL); resized_pixels (alias qwen2_5_vl): pixels of the resized image (Qwen2.5-VL)."""
     min_pixels: int = 3136
     """Smallest image area the model sees (qwen2_5_vl box units depend on it)."""
     max_pixels: int = 401408
@@ -87,8 +96,9 @@ class LisaGroundingTask(JudgedTask):
     detection threshold (an mmgpg choice: the anchors define no binary success)."""
 
     def __post_init__(self):
-        if self.box_format not in BOX_FORMATS:
-            raise ValueError(f"box_format must be one of {', '.join(BOX_FORMATS)}; got {self.box_format!r}")
+        if BOX_ALIASES.get(self.box_format, self.box_format) not in BOX_FORMATS:
+            raise ValueError(f"box_format must be one of {', '.join(BOX_FORMATS + tuple(BOX_ALIASES))}; got "
+                             f"{self.box_format!r}")
         if not 0 < self.success_iou <= 1:
             raise ValueError(f"success_iou must be in (0, 1]; got {self.success_iou!r}")
         super().__post_init__()
@@ -118,9 +128,27 @@ class LisaGroundingTask(JudgedTask):
         items = self._items(split)
         return LazyExamples(len(items), lambda i: self.example(split, *items[i]))
 
+    @property
+    def convention(self) -> str:
+        """``task.box_format`` by its convention's name (``norm1000`` or ``resized_pixels``)."""
+        return BOX_ALIASES.get(self.box_format, self.box_format)
+
+    def model_problems(self, family) -> list:
+        """The model family's own box convention (``Family.box_format``) must be the task's: a Qwen2.5-VL answers
+        in pixels of the resized image, a Qwen3-VL on the 0-1000 grid; scoring one with the other's units gives a
+        wrong IoU (and reward) for every answer."""
+        from mmgpg.typed import Problem
+
+        if family.box_format is None or family.box_format == self.convention:
+            return []
+        return [Problem("task.box_format", self.box_format,
+                        f"{family.title} answers boxes as {family.box_format} ({BOX_WORDS[family.box_format]}), "
+                        f"not {self.convention} ({BOX_WORDS[self.convention]}).",
+                        f"set task.box_format={family.box_format}.")]
+
     def units(self, width: int, height: int) -> tuple[float, float]:
         """Full width and height of the model's box units for an image of this size."""
-        if self.box_format == "qwen2_vl":
+        if self.convention == "norm1000":
             return 1000.0, 1000.0
         from qwen_vl_utils import smart_resize
 
@@ -144,7 +172,7 @@ class LisaGroundingTask(JudgedTask):
 
     def answer_text(self, box, width: int, height: int) -> str:
         """The gold box in the model's units as ``(x1,y1),(x2,y2)`` (truncated to integers)."""
-        if self.box_format == "qwen2_vl":
+        if self.convention == "norm1000":
             return box_text(pixels_to_norm1000(box, width, height))
         return box_text(rescale_box(box, (width, height), self.units(width, height)))
 

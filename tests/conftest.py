@@ -41,6 +41,17 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def image_text_dirs(tmp_path_factory) -> dict[str, Path]:
+    """A saved tiny model of each family of the generic image-text-to-text policy (support.families.IMAGE_TEXT)."""
+    from support.families import IMAGE_TEXT
+
+    from mmgpg.models.tiny import build_and_save
+
+    root = tmp_path_factory.mktemp("image_text")
+    return {fam: build_and_save(root / fam, family=fam) for fam in IMAGE_TEXT}
+
+
+@pytest.fixture(scope="session")
 def tiny_text_dirs(tmp_path_factory) -> dict[str, Path]:
     """A saved tiny model of each text-only family (support.families.TEXT): Qwen2ForCausalLM, Qwen3ForCausalLM with
     the local tokenizer and a Qwen-style chat template."""

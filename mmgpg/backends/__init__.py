@@ -30,26 +30,18 @@ if TYPE_CHECKING:
 from mmgpg.backends import deepspeed_config, deepspeed_state
 from mmgpg.registry import Entry, Registry
 
-
-def _plain_label(zero_stage: int, offload: str) -> str:
-    return "plain"
-
-
 # The backend names: config validation, `mmgpg plan --backend` and `build_backend` all read this registry. What the rest
 # of mmgpg asks a backend, without importing it (torch), are its facts:
 #   check(train) -> [Problem]        the train.* keys it owns (and those it refuses: DeepSpeed's keys off DeepSpeed)
 #   zero_stage(train) -> int, offload(train) -> str   what the memory planner plans for this train section
 #   label(stage, offload) -> str     how plans and logs name the setup ("deepspeed ZeRO-3 + optimizer offload")
-#   partitions: bool                 ZeRO stages and offload apply (mmgpg plan --zero-stage / --offload)
 #   verify_checkpoint(checkpoint, state, world_size)  its own files in a checkpoint, checked before loading
 BACKENDS = Registry("training backend", "mmgpg.backends", {
-    "plain": Entry("mmgpg.backends.plain:PlainBackend",
-                   {"check": deepspeed_config.check, "zero_stage": lambda train: 0, "offload": lambda train: "none",
-                    "label": _plain_label}),
+    "plain": Entry("mmgpg.backends.plain:PlainBackend", {"check": deepspeed_config.check}),
     "deepspeed": Entry("mmgpg.backends.deepspeed:DeepSpeedBackend",
                        {"check": deepspeed_config.check, "zero_stage": lambda train: train.zero_stage,
                         "offload": deepspeed_config.planned_offload,
-                        "label": deepspeed_config.label, "partitions": True,
+                        "label": deepspeed_config.label,
                         "verify_checkpoint": deepspeed_state.verify_checkpoint}),
 })
 
@@ -181,6 +173,14 @@ class TrainingBackend(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def backend_fact(name: str, key: str) -> Any:
+    """A fact of the registered backend ``name`` (the list above), or its default for a backend that declares none
+    (a plugin's): no checks, nothing partitioned (ZeRO stage 0, no offload), labelled by its name."""
+    defaults = {"check": lambda train: [], "zero_stage": lambda train: 0, "offload": lambda train: "none",
+                "label": lambda zero_stage, offload: name, "verify_checkpoint": None}
+    return BACKENDS.facts(name).get(key, defaults[key])
 
 
 def build_backend(name: str, config: Any) -> TrainingBackend:

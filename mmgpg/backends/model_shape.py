@@ -72,15 +72,36 @@ def model_shape(path: str, lora=None) -> ModelShape:
                              "vision tower or merger to adapt")
         v_depth = v_hidden = v_inter = patch = t_patch = 0
     else:
-        v_depth, patch, t_patch = vision.depth, vision.patch_size, vision.temporal_patch_size
-        if hasattr(vision, "embed_dim"):  # Qwen2-VL: the tower's width is embed_dim (hidden_size is the LLM's)
-            v_hidden, v_inter = vision.embed_dim, int(vision.embed_dim * vision.mlp_ratio)
-        else:
-            v_hidden, v_inter = vision.hidden_size, vision.intermediate_size
+        v_depth, v_hidden, v_inter, patch, t_patch = vision_dims(vision)
     return ModelShape(config.model_type, counts["total"], counts["vision"], largest, text.vocab_size, text.hidden_size,
-                      text.intermediate_size, text.num_hidden_layers, text.num_attention_heads,
+                      active_intermediate(text), text.num_hidden_layers, text.num_attention_heads,
                       text.num_key_value_heads, head_dim, v_depth, v_hidden, v_inter, patch, t_patch,
                       *_lora_counts(model, lora))
+
+
+def vision_dims(vision) -> tuple[int, int, int, int, int]:
+    """``(depth, width, MLP width, patch size, temporal patch size)`` of a vision tower's config, whatever the family
+    calls them: Qwen's towers name their depth ``depth`` (Qwen2-VL its width ``embed_dim``: its ``hidden_size`` is the
+    LLM's), SigLIP and InternViT ``num_hidden_layers``; a patch size may be ``[height, width]``; a tower without
+    temporal patches has 1."""
+    depth = getattr(vision, "depth", None) or vision.num_hidden_layers
+    patch = vision.patch_size[0] if isinstance(vision.patch_size, (list, tuple)) else vision.patch_size
+    if hasattr(vision, "embed_dim"):
+        width, mlp = vision.embed_dim, int(vision.embed_dim * vision.mlp_ratio)
+    else:
+        width, mlp = vision.hidden_size, vision.intermediate_size
+    return depth, width, mlp, patch, getattr(vision, "temporal_patch_size", 1)
+
+
+def active_intermediate(text) -> int:
+    """The MLP width one token goes through: the dense ``intermediate_size``, or in a mixture of experts the routed
+    experts' (``num_experts_per_tok x moe_intermediate_size``) plus a shared expert's. Every expert's parameters are
+    counted in the parameter terms (the meta model's own count); this width is what a token's activations see."""
+    experts = getattr(text, "num_experts", None)
+    if not experts:
+        return text.intermediate_size
+    shared = getattr(text, "shared_expert_intermediate_size", None) or 0
+    return text.num_experts_per_tok * text.moe_intermediate_size + shared
 
 
 def _lora_counts(model, lora) -> tuple[int, int, bool, bool]:

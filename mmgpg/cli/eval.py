@@ -209,6 +209,10 @@ def _evaluate_checkpoint(args, cfgs, tasks, decoding):
         if info.is_main:
             print(f"evaluating {ckpt}")
     policy = load_policy_for(cfg.model, device, source=ckpt)
+    from mmgpg.task import check_task_for_model
+
+    for task in tasks:  # e.g. a grounding task's box convention against the model family's
+        check_task_for_model(task, policy.spec)
     engine = build_engine(cfg.rollout.engine, policy, EngineSettings.from_config(cfg))
     try:
         return [(task, run_evaluation(engine, task, args.split, limit=args.limit, protocol=args.protocol,

@@ -73,6 +73,7 @@ def cmd_model_info(args) -> int:
     import torch
     from transformers import GenerationConfig
 
+    from mmgpg.backends.model_shape import vision_dims
     from mmgpg.models.load import (
         auto_model_class,
         check_model_source,
@@ -102,9 +103,10 @@ def cmd_model_info(args) -> int:
         "vocab_size": text.vocab_size,
         "hidden_size": text.hidden_size,
         "layers": text.num_hidden_layers,
-        **({"vision_depth": vision.depth} if vision is not None else {}),
+        **({"vision_depth": vision_dims(vision)[0]} if vision is not None else {}),
         "eos_token_ids": eos,
-        **({"image_token_id": config.image_token_id} if vision is not None else {}),
+        **({"image_token_id": getattr(config, "image_token_id", getattr(config, "image_token_index", None))}
+           if vision is not None else {}),
     }
     print(json.dumps(info, indent=2))
     return 0

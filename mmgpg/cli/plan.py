@@ -26,9 +26,9 @@ def gib(n: float) -> str:
 
 def setup_label(setup: dict) -> str:
     """The plan's backend setup as its backend names it (``plain``, ``deepspeed ZeRO-3 + optimizer offload``)."""
-    from mmgpg.backends import BACKENDS
+    from mmgpg.backends import backend_fact
 
-    return BACKENDS.facts(setup["backend"])["label"](setup["zero_stage"], setup["offload"])
+    return backend_fact(setup["backend"], "label")(setup["zero_stage"], setup["offload"])
 
 
 def format_plan(plan: Plan) -> str:
@@ -139,12 +139,12 @@ def backend_setup(cfg, args) -> tuple[str, int, str]:
     config's ``train.*`` keys (its ``zero_stage`` and ``offload`` facts)."""
     import dataclasses
 
-    from mmgpg.backends import BACKENDS
+    from mmgpg.backends import backend_fact
 
     backend = args.backend or cfg.train.backend
-    facts, train = BACKENDS.facts(backend), dataclasses.replace(cfg.train, backend=backend)
-    stage = args.zero_stage if args.zero_stage is not None else facts["zero_stage"](train)
-    return backend, stage, args.offload if args.offload is not None else facts["offload"](train)
+    train = dataclasses.replace(cfg.train, backend=backend)
+    stage = args.zero_stage if args.zero_stage is not None else backend_fact(backend, "zero_stage")(train)
+    return backend, stage, args.offload if args.offload is not None else backend_fact(backend, "offload")(train)
 
 
 def plan_from_args(cfg, args) -> Plan:

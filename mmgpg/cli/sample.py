@@ -32,6 +32,7 @@ def cmd_sample(args) -> int:
     from mmgpg.rollout import EngineSettings, Sampling, build_engine
     from mmgpg.rollout.collect import collate_groups, group_logprobs, sample_groups
     from mmgpg.rundir import make_run_dir
+    from mmgpg.task import check_task_for_model
     from mmgpg.utils import console as make_console
     from mmgpg.utils import seed_everything
 
@@ -47,6 +48,7 @@ def cmd_sample(args) -> int:
     with console.status(f"loading {cfg.model.name_or_path} ..."):
         policy = load_policy_for(cfg.model, resolve_device(cfg.device))
         task = resolved.build_task()
+        check_task_for_model(task, policy.spec)
     timings["load"] = time.perf_counter() - t0
     examples = task.load(args.split)[: args.prompts]
     r = cfg.rollout

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from mmgpg.backends import BACKENDS
+from mmgpg.backends import BACKENDS, backend_fact
 from mmgpg.models.lora import check_lora
 from mmgpg.registry import ADVANTAGES, TOKEN_LOSSES
 from mmgpg.task import checked_task
@@ -50,15 +50,29 @@ def check(cfg: Config, *, task: bool = True) -> list[Problem]:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", cfg.device):
         p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
     if t.backend in BACKENDS:  # the backend's own keys (an unregistered name is reported above)
-        p += BACKENDS.facts(t.backend).get("check", _no_problems)(t)
+        p += backend_fact(t.backend, "check")(t)
     if task:
         p += _check_task(cfg.task)
     p += check_lora(cfg)
+    p += _check_family(cfg)
     return p
 
 
-def _no_problems(_section) -> list[Problem]:
-    return []
+def _check_family(cfg: Config) -> list[Problem]:
+    """What the model family cannot run, when the model reference declares its family without loading (``tiny:F``
+    or a local folder): the vLLM engine for a family it does not serve, packed scoring for one that cannot pack."""
+    from mmgpg.models import FAMILIES, declared_model_type
+
+    model_type = declared_model_type(cfg.model.name_or_path)
+    if model_type not in FAMILIES:
+        return []  # a hub id, or an unsupported family: loading names the problem
+    spec, p = FAMILIES[model_type], []
+    if cfg.rollout.engine == "vllm" and not spec.vllm:
+        p.append(Problem("rollout.engine", "vllm", spec.vllm_refusal(), "use rollout.engine=hf (Hugging Face generate)."))
+    if cfg.model.packed_sequences == "always" and not spec.packing:
+        p.append(Problem("model.packed_sequences", "always", f"{spec.title} cannot score packed rows "
+                         f"({spec.packing_note}).", "use model.packed_sequences=auto or never."))
+    return p
 
 
 def _check_baselines(cfg: Config) -> list[Problem]:

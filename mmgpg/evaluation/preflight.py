@@ -46,6 +46,8 @@ def preflight(cfg, *, split: str = "train", examples: int = 4, task=None) -> lis
         from mmgpg.models.load import load_policy_for
 
         policy = load_policy_for(cfg.model, "meta")
+        for problem in task.model_problems(policy.spec):  # e.g. a grounding task's box convention
+            findings.append(Finding("task for this model", "error", str(problem)))
         policy.max_prompt_length = None  # measure every prompt here; the limit is compared below
         limit = cfg.model.max_prompt_length
         for ex in items:

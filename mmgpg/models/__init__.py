@@ -11,6 +11,8 @@ family for the rest. May import: the top-level modules only (not config, task, r
 
 from __future__ import annotations
 
+import json
+import pathlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
@@ -56,6 +58,26 @@ class Family:
     """The vLLM engine serves it (the CPU build registers the architecture and mmgpg's tests ran it)."""
     vllm_note: str = ""
     """When ``vllm`` is False: why, and what to use instead."""
+    vllm_args: tuple[tuple[str, Any], ...] = ()
+    """Arguments of ``vllm.LLM`` this family needs (``(name, value)`` pairs), e.g. Qwen3.5's linear-attention state
+    without prefix caching (vLLM's prefix cache for it needs chunked prefill, which mmgpg turns off on CPU)."""
+    vllm_cpu_dtypes: tuple[str, ...] = ()
+    """The dtypes vLLM's CPU backend runs this family in (empty: any): Qwen3.5's gated-delta-net kernels are
+    bfloat16-only there."""
+    pixel_bounds: bool = False
+    """Its processor resizes images within ``model.min_pixels`` / ``model.max_pixels`` (the Qwen-VL line); other
+    families resize to their processor's own sizes."""
+    suppressed_tokens: tuple[str, ...] = ()
+    """Tokens never sampled and left out of the scored softmax (the generic policy; Qwen-VL's are its vision
+    tokens): the image placeholders the forward counts and their delimiters."""
+    token_types_kwarg: str = ""
+    """The forward's keyword for the image-token types (``PromptBatch.mm_token_type_ids``), when it takes them:
+    Gemma 3's ``token_type_ids`` (bidirectional attention inside each image); "" when it takes none."""
+    prompt_counts: tuple[str, ...] = ()
+    """Processor keys holding one count per prompt that the forward needs for every prompt of a batch (0 for a prompt
+    without images): LLaVA-OneVision's ``batch_num_images``."""
+    raw_image_text: str = ""
+    """What a raw prompt (``{"role": "raw", ...}``) writes for an image: the placeholder the processor expands."""
     box_format: str | None = None
     """How its grounding answers write a box: ``norm1000`` (0-1000 of the image's width and height) or
     ``resized_pixels`` (pixels of the image as resized by its processor); None: no documented convention."""
@@ -67,6 +89,15 @@ class Family:
     """The planner's bytes a vision block saves for backward per patch, ``a·D + b·M + c`` with D its width and M its
     MLP width, as ``((a, b, c) fp32, (a, b, c) bf16)``, measured (tests/unit/backends/test_memory.py); None: the
     planner does not model this tower."""
+
+
+    def vllm_refusal(self) -> str:
+        """Why the vLLM engine refuses this family, naming the families it serves ("" when it serves this one)."""
+        if self.vllm:
+            return ""
+        served = ", ".join(name for name in FAMILIES if FAMILIES[name].vllm)
+        return (f"The vLLM engine does not serve {self.title} ({self.model_type}) models: {self.vllm_note}. It serves "
+                f"{served}.")
 
 
 # The families mmgpg loads, by `model_type`: the one list, read by loading, the tiny builder, `mmgpg model tiny
@@ -81,6 +112,10 @@ FAMILIES = Registry("model family", "mmgpg.families", {
     "qwen3_5": "mmgpg.models.qwen3:QWEN3_5",
     "qwen3_5_moe": "mmgpg.models.qwen3:QWEN3_5_MOE",
     "qwen3_5_text": "mmgpg.models.qwen3:QWEN3_5_TEXT",
+    "gemma3": "mmgpg.models.gemma3:GEMMA3",
+    "internvl": "mmgpg.models.internvl:INTERNVL",
+    "smolvlm": "mmgpg.models.smolvlm:SMOLVLM",
+    "llava_onevision": "mmgpg.models.llava_onevision:LLAVA_ONEVISION",
 })
 
 
@@ -97,6 +132,20 @@ def family(model_type: str | None, what: str = "this model") -> Family:
 
 # model.name_or_path=tiny (or tiny:<family>) builds a random tiny model offline (mmgpg.models.tiny)
 TINY_PREFIX = "tiny"
+
+
+def declared_model_type(name_or_path: str) -> str | None:
+    """The ``model_type`` a model reference declares without loading anything: the family of ``tiny`` /
+    ``tiny:<family>``, or a local folder's ``config.json``; None for a hub id or an unreadable folder (loading says
+    what is wrong then)."""
+    if name_or_path == TINY_PREFIX or name_or_path.startswith(TINY_PREFIX + ":"):
+        return name_or_path.partition(":")[2] or "qwen2_vl"
+    try:
+        config = json.loads((pathlib.Path(name_or_path).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config.get("model_type") if isinstance(config, dict) else None
+
 # The dtypes a policy is loaded in (model.dtype) and a rollout engine runs in; "auto": bfloat16 on a GPU that
 # supports it, else float32.
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]

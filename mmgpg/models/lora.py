@@ -52,7 +52,7 @@ def target_regex(lora_cfg, spec=None) -> str:
     parts = []
     if lora_cfg.target_modules:
         names = "|".join(re.escape(n) for n in lora_cfg.target_modules)
-        parts.append(rf"model\.(?:language_model\.)?layers\.\d+\.(?:[\w.]+\.)?(?:{names})")
+        parts.append(rf"model\.(?:language_model\.|text_model\.)?layers\.\d+\.(?:[\w.]+\.)?(?:{names})")
     for wanted, pattern, what in ((lora_cfg.vision, getattr(spec, "lora_vision", ""), "vision"),
                                   (lora_cfg.merger, getattr(spec, "lora_merger", ""), "merger")):
         if wanted and not pattern:
@@ -127,6 +127,12 @@ def attach(policy, lora_cfg, adapter_dir: str | Path | None = None) -> None:
                          f"{policy.family} model is text-only, with no vision tower or merger to adapt. Set "
                          "model.lora.vision=false and model.lora.merger=false.")
     model = policy.model
+    names = [n for n, _ in model.named_modules()]
+    for wanted, pattern, what in ((lora_cfg.vision, policy.spec.lora_vision, "vision"),
+                                  (lora_cfg.merger, policy.spec.lora_merger, "merger")):
+        if wanted and pattern and not any(re.fullmatch(pattern, n) for n in names):
+            raise ValueError(f"model.lora.{what}=true: no layer of this {policy.spec.title} model matches its family's "
+                             f"{what} layers ({pattern}); the family's Family.lora_{what} needs fixing")
     with warnings.catch_warnings():  # PEFT asks transformers 5.2x a deprecated `is_gradient_checkpointing`
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         peft_model = _inject(model, lora_cfg)

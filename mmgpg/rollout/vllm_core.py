@@ -69,6 +69,16 @@ class CoreSettings:
     sleep: bool = False
 
 
+def model_family(model_dir: str):
+    """The :class:`~mmgpg.models.Family` of the model folder vLLM starts from (its ``config.json`` ``model_type``)."""
+    import json
+    from pathlib import Path
+
+    from mmgpg.models import family
+
+    return family(json.loads((Path(model_dir) / "config.json").read_text()).get("model_type"), repr(model_dir))
+
+
 def write_shards(weights: Iterable[tuple[str, Any]], directory, max_bytes: int) -> int:
     """``weights`` as Hugging Face safetensors shards in ``directory`` (``model-00001.safetensors``, ... and
     ``model.safetensors.index.json``), one :func:`buckets` bucket per shard, so at most ``max_bytes`` are held at a
@@ -236,9 +246,12 @@ class VLLMCore:
             model=s.model, dtype=s.dtype, max_model_len=s.max_model_len, seed=s.seed,
             generation_config="vllm", logprobs_mode="processed_logprobs", trust_remote_code=False,
             tensor_parallel_size=s.tensor_parallel_size, max_num_seqs=s.max_num_seqs)
+        spec = model_family(s.model)
         if s.multimodal:
-            kwargs.update(limit_mm_per_prompt={"image": s.max_images, "video": 0},
-                          mm_processor_kwargs={"min_pixels": s.min_pixels, "max_pixels": s.max_pixels})
+            kwargs["limit_mm_per_prompt"] = {"image": s.max_images, "video": 0}
+            if spec.pixel_bounds:  # Qwen-VL: the processor resizes within the bounds (mmgpg already did)
+                kwargs["mm_processor_kwargs"] = {"min_pixels": s.min_pixels, "max_pixels": s.max_pixels}
+        kwargs.update(dict(spec.vllm_args))  # the family's own needs (Family.vllm_args)
         if self.on_cpu:
             kwargs.update(enforce_eager=True, enable_chunked_prefill=False,
                           max_num_batched_tokens=max(8192, s.max_model_len))

@@ -157,6 +157,12 @@ class Task:
         """The gold answer in the task's output format, for SFT and pre-flight (default None: SFT unavailable)."""
         return None
 
+    def model_problems(self, family: Any) -> list[Problem]:
+        """What is wrong with running this task's options on a model of ``family`` (its
+        :class:`mmgpg.models.Family`: e.g. a grounding task's box convention against the family's), checked when a
+        command has loaded its model. Default: nothing."""
+        return []
+
 
 class TaskNotFound(LookupError):
     """A task name or ``file.py:Class`` reference that does not resolve; ``why`` and ``fix`` say more."""
@@ -308,6 +314,12 @@ def is_bool(value: Any) -> bool:
     import numpy as np
 
     return isinstance(value, (bool, np.bool_))
+
+
+def check_task_for_model(task: Task, family: Any) -> None:
+    """Raise the task's :meth:`Task.model_problems` for a model of ``family`` as one :class:`ConfigError`."""
+    if problems := task.model_problems(family):
+        raise ConfigError(problems)
 
 
 def task_success(task: Task, completion: str, example: Example, rewards: Mapping[str, float]) -> bool | None:

@@ -40,12 +40,13 @@ def probe(cfg, source: str, *, step: int, split: str, samples: int, limit: int |
     ``cfg.rollout``'s sampling settings (``task``: the command's task when it built one, else built here)."""
     from mmgpg.models.load import load_policy_for, resolve_device
     from mmgpg.rollout import EngineSettings, build_engine
-    from mmgpg.task import build_task, first_items
+    from mmgpg.task import build_task, check_task_for_model, first_items
 
     task = task if task is not None else build_task(cfg.task.name, cfg.task.options)
     check_success(task, success_threshold)
     examples = first_items(task.load(split), limit)
     policy = load_policy_for(cfg.model, resolve_device(cfg.device), source=source or cfg.model.name_or_path)
+    check_task_for_model(task, policy.spec)
     engine = build_engine(cfg.rollout.engine, policy, EngineSettings.from_config(cfg))
     try:
         return probe_prompts(engine, task, examples, cfg.rollout, step=step, checkpoint=source or cfg.model.name_or_path,

@@ -23,14 +23,13 @@ def planned_memory(cfg, device, world_size: int, note: Callable[[str], None]) ->
     the planner cannot model the run (``note`` says why in the log)."""
     import torch
 
-    from mmgpg.backends import BACKENDS
+    from mmgpg.backends import backend_fact
     from mmgpg.backends.memory import model_shape, plan_memory
 
     t = cfg.train
     try:
         total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * 2**30
-        facts = BACKENDS.facts(t.backend)
-        stage, offload = facts["zero_stage"](t), facts["offload"](t)
+        stage, offload = backend_fact(t.backend, "zero_stage")(t), backend_fact(t.backend, "offload")(t)
         plan = plan_memory(cfg, model_shape(cfg.model.name_or_path, cfg.model.lora), gpus=world_size,
                            gpu_memory_gb=total / 2**30, backend=t.backend, zero_stage=stage, offload=offload,
                            with_fixes=False)

@@ -26,7 +26,7 @@ from mmgpg.rollout.stream import PromptStream
 
 # torch.optim.AdamW's default weight decay, which mmgpg sft has always used (its demo numbers depend on it).
 from mmgpg.rundir import complete_checkpoints, run_dir_path
-from mmgpg.task import Example, SkipBadRows, Task
+from mmgpg.task import Example, SkipBadRows, Task, check_task_for_model
 from mmgpg.train import resume
 from mmgpg.train.checkpoint import save_model_dir
 from mmgpg.train.runlog import RunLog
@@ -68,6 +68,7 @@ class SFTTrainer:
             self.policy = load_for_training(cfg.model, self.backend.device, self.backend.weights_dtype(cfg.model.dtype),
                                             checkpoint)
         self.task = resolved.build_task()
+        check_task_for_model(self.task, self.policy.spec)  # e.g. a grounding task's box convention
         self.dataset = SkipBadRows(self.task.load(cfg.train.split), cfg.data.on_bad_row)
         self.stream = PromptStream(len(self.dataset), cfg.seed)
         self.backend.prepare(self.policy.model, self._optimizer_settings())

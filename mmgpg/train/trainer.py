@@ -47,7 +47,7 @@ from mmgpg.rollout.collect import (
 from mmgpg.rollout.producer import ProducerSettings, RolloutProducer
 from mmgpg.rollout.stream import PromptStream
 from mmgpg.rundir import SuccessRecord, run_dir_path
-from mmgpg.task import SkipBadRows, first_items
+from mmgpg.task import SkipBadRows, check_task_for_model, first_items
 from mmgpg.train import resume
 from mmgpg.train.objective import Objective, StepCounts
 from mmgpg.train.runlog import RunLog, planned_memory
@@ -98,6 +98,7 @@ class Trainer:
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []), self.backend.loading():
             torch.manual_seed(cfg.seed)
             self.policy = load_for_training(cfg.model, self.device, dtype, checkpoint, policy=policy)
+        check_task_for_model(self.task, self.policy.spec)  # e.g. a grounding task's box convention
         # LoRA: the reference is the policy itself with its adapter switched off (_fixed_logprobs); no second copy.
         with self.backend.loading():
             self.reference = None if cfg.algo.kl_coef == 0 else (

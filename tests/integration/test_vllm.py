@@ -192,6 +192,39 @@ def test_check_holds_after_update_and_sync_and_fires_when_sync_is_skipped(tmp_pa
         trainer.engine.close()
 
 
+# The families beyond the paper's that the vLLM engine serves: (family, vLLM dtype, in CI). Qwen3.5's gated-delta-net
+# layers run only in bfloat16 on vLLM's CPU backend (Family.vllm_cpu_dtypes): its check holds at bf16's limits.
+FAMILY_CELLS = [("qwen3_vl", "float32", True), ("qwen3_5", "bfloat16", True), ("smolvlm", "float32", True),
+                ("qwen3", "float32", False), ("qwen3_5_text", "bfloat16", False)]
+
+
+@pytest.mark.parametrize(("family", "dtype"), [pytest.param(f, d, marks=() if ci else pytest.mark.slow)
+                                               for f, d, ci in FAMILY_CELLS])
+def test_post_sync_check_holds_for_each_family(tmp_path, family, dtype):
+    """Two GPG steps of each served family's tiny model through vLLM (colocated): vLLM's sampled log-probs agree with
+    the trainer's before and after an update + sync, within the check's limits (float32: the per-token and mean
+    tolerances above; bfloat16: the check's own bf16 limit, and a measured order below it)."""
+    from mmgpg.models import FAMILIES
+    from mmgpg.train.trainer import Trainer
+
+    text = not FAMILIES[family].takes_images
+    task = f"task={FIXTURES}:TextParity" if text else f"task={FIXTURES}:ParityShapes"
+    trainer = Trainer(resolve([f"model.name_or_path=tiny:{family}", "model.dtype=float32", task, "rollout.engine=vllm",
+                               f"rollout.vllm_dtype={dtype}", "rollout.group_size=4", "rollout.max_new_tokens=12",
+                               "train.prompts_per_step=4", "train.micro_batch_prompts=2", "train.learning_rate=1e-3",
+                               "train.progress=false", "train.tensorboard=false", "train.max_steps=2"]),
+                      run_dir=tmp_path / "run")
+    try:
+        limits = trainer.engine.check_limits
+        for m in (trainer.train_step(), trainer.train_step()):
+            if dtype == "float32":
+                assert m["rollout/logprob_diff_max"] <= TOKEN_TOL and m["rollout/logprob_diff_mean"] <= MEAN_TOL, m
+            else:
+                assert m["rollout/logprob_diff_mean"] <= min(limits.mean, 1e-2), m
+    finally:
+        trainer.engine.close()
+
+
 def test_lora_policy_syncs_merged_weights(tmp_path, monkeypatch):
     """LoRA: vLLM gets the adapters merged into the base weights (its own LoRA does not cover the vision tower). After
     a LoRA update + sync the agreement holds; with the merge left out of the sync it does not."""

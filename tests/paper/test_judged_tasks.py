@@ -246,6 +246,44 @@ def test_lisa_on_reasonseg_fixtures(tmp_path):
     assert metrics["miou"] == pytest.approx(1.0, abs=1e-5)
 
 
+@pytest.mark.parametrize(("family", "answer"), [
+    ("qwen2_vl", "(250,250),(750,750)"), ("qwen3_vl", "(250,250),(750,750)"), ("qwen3_5", "(250,250),(750,750)"),
+    ("internvl", "(250,250),(750,750)"), ("qwen2_5_vl", "(49,28),(147,84)")])
+def test_lisa_box_convention_follows_the_model_family(tmp_path, family, answer):
+    """Each family's documented box convention (Family.box_format): the 0-1000 grid of Qwen2-VL, Qwen3-VL, Qwen3.5 and
+    InternVL, the resized image's pixels of Qwen2.5-VL (a 200 x 100 image resized to 196 x 112 at the task's pixel
+    bounds). The task with the family's convention scores the family's answer for the gold box as a perfect match; the
+    other convention is refused for that family (a wrong convention would score every answer with the wrong units:
+    the same answer then has an IoU far from 1)."""
+    from mmgpg.models import FAMILIES
+
+    _reasonseg(tmp_path, "test", "b", [[50, 25], [150, 25], [150, 75]], ["the object"])
+    spec = FAMILIES[family]
+    right = build_task("lisa_grounding", {"data_root": str(tmp_path), "box_format": spec.box_format})
+    wrong = build_task("lisa_grounding", {"data_root": str(tmp_path), "box_format": next(
+        f for f in ("norm1000", "resized_pixels") if f != spec.box_format)})
+    ex = right.load("test")[0]  # gold (50, 25, 150, 75) pixels of 200 x 100
+    output = f"<think>x</think><answer>{answer}</answer>"
+    assert right.model_problems(spec) == [] and right.judge(output, ex, "strict").correct == pytest.approx(1.0, abs=0.02)
+    assert wrong.judge(output, ex, "strict").correct < 0.5
+    (problem,) = wrong.model_problems(spec)
+    assert problem.key == "task.box_format" and f"set task.box_format={spec.box_format}" in problem.fix
+
+
+def test_a_model_whose_box_convention_the_task_lacks_is_refused_at_start(tmp_path, tiny_dirs):
+    """mmgpg train with task.box_format=norm1000 on a Qwen2.5-VL: one ConfigError naming the key and the fix, before
+    any rollout."""
+    from support.gradient_reference import make_trainer
+
+    from mmgpg.typed import ConfigError
+
+    _reasonseg(tmp_path, "train", "a", [[20, 10], [100, 10], [100, 60], [20, 60]], ["the red thing"])
+    with pytest.raises(ConfigError, match="Qwen2.5-VL answers boxes as resized_pixels.*set task.box_format="
+                                          "resized_pixels"):
+        make_trainer(str(tiny_dirs["qwen2_5_vl"]), str(tmp_path / "run"), "gpg", "task=lisa_grounding",
+                     f"task.data_root={tmp_path}", "task.box_format=norm1000")
+
+
 # ---- embedded tasks -----------------------------------------------------------------------------------------------
 
 

@@ -84,9 +84,9 @@ def sequence_token_logprobs(policy, prompt, completion: list[int], temperature: 
     prompt_ids = batch.input_ids[0]
     ids = torch.cat([prompt_ids, torch.tensor(completion)])[None]
     kwargs = {}
-    if policy.vision_tower is not None:  # a vision-language model: its image-token types, and the images if any
-        kwargs["mm_token_type_ids"] = torch.cat([batch.mm_token_type_ids[0],
-                                                 torch.zeros(len(completion), dtype=torch.long)])[None]
+    if policy.spec.token_types_kwarg:  # a vision-language model's image-token types, under its forward's own name
+        kwargs[policy.spec.token_types_kwarg] = torch.cat([batch.mm_token_type_ids[0],
+                                                           torch.zeros(len(completion), dtype=torch.long)])[None]
     kwargs.update(batch.vision[0])  # the prompt's vision inputs as its processor returns them (none for text)
     logits = policy.model(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs).logits[0]
     logits = logits.float() / temperature

@@ -215,3 +215,21 @@ def test_off_policy_methods_validate_with_two_updates():
     for overrides in (["algo.token_loss=gspo"], ["algo.token_loss=cispo", "algo.clip_eps_high=4"],
                       ["algo.token_loss=clipped_ratio", "algo.clip_eps_high=0.28"]):
         assert resolve([*overrides, "algo.updates_per_batch=2"]).config.algo.updates_per_batch == 2
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl_moe", "qwen3_5_moe", "gemma3", "internvl", "llava_onevision"])
+def test_vllm_with_a_family_it_does_not_serve_is_refused_at_config_time(family):
+    """The vLLM engine for a family it cannot run (Family.vllm, measured in tests/integration/test_vllm.py's
+    environment): one problem naming the family, why, the families it serves and the engine to use."""
+    with pytest.raises(ConfigError) as err:
+        resolve([f"model.name_or_path=tiny:{family}", "rollout.engine=vllm"])
+    (problem,) = [p for p in err.value.problems if p.key == "rollout.engine"]
+    assert f"({family})" in problem.why and "It serves qwen2_vl" in problem.why and "rollout.engine=hf" in problem.fix
+    resolve([f"model.name_or_path=tiny:{family}"])  # the hf engine is fine
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen3_vl", "qwen3_5", "qwen3_5_text", "gemma3"])
+def test_packing_with_a_family_that_cannot_pack_is_refused_at_config_time(family):
+    with pytest.raises(ConfigError, match=r"model.packed_sequences: got 'always'.* cannot score packed rows"):
+        resolve([f"model.name_or_path=tiny:{family}", "model.packed_sequences=always"])
+    resolve(["model.name_or_path=tiny:qwen3", "model.packed_sequences=always"])  # an attention-only text model packs

@@ -225,7 +225,7 @@ def test_packing_refuses_non_prefix_masks_and_vl_policies(policy, tiny_dirs, tin
     from mmgpg.config import resolve
 
     vl = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", device="cpu")
-    always = resolve(["model.packed_sequences=always"]).config.model
+    always = resolve(["model.name_or_path=tiny:qwen2", "model.packed_sequences=always"]).config.model
     with pytest.raises(ValueError, match="Qwen2-VL cannot score packed rows .its 3-D rotary positions"):
         check_packing(vl, always)
     hybrid = load_policy(str(tiny_text_dirs["qwen3_5_text"]), dtype="float32", device="cpu")
