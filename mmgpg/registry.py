@@ -51,7 +51,8 @@ class Registry(Mapping[str, Any]):
     def register(self, name: str, target: Any, *, replace: bool = False, facts: Mapping[str, Any] | None = None) -> Any:
         """Add ``name`` (``target``: the implementation or ``"module:attribute"``; ``facts``: what readers need to
         know about it, :meth:`facts`); returns ``target`` so it can be used as a decorator helper. Re-registering a
-        name is refused unless ``replace``."""
+        name is refused unless ``replace``; a replacement without ``facts`` keeps the facts declared before (the
+        checks read them: a spy around ``clipped_ratio`` is still a loss with a ratio)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {self.kind} name must be a non-empty string; got {name!r}")
         self._read_entry_points()
@@ -59,7 +60,8 @@ class Registry(Mapping[str, Any]):
             raise ValueError(f"{self.kind} {name!r} is already registered ({self.describe(name)}); pick another "
                              "name or pass replace=True")
         self._targets[name] = target
-        self._facts[name] = dict(facts or {})
+        if facts is not None or not replace:
+            self._facts[name] = dict(facts or {})
         self._loaded.pop(name, None)
         return target
 

@@ -9,6 +9,8 @@ computing the same update as the plain backend.
 * **Equal forwards.** ZeRO-2 reduces gradients inside every backward and ZeRO-3 gathers parameters inside every
   forward (collectives), so every rank must run the same number of micro-batches: :attr:`equal_micro_batches` asks the
   trainer to pad the short ranks with zero-weight micro-batches.
+* **Parameters read outside their module** (:attr:`mmgpg.models.Family.zero3_external`, e.g. Qwen3.5's convolution
+  weight) are registered as external parameters of the module that reads them, so ZeRO-3 gathers them there.
 * **Generation** (:meth:`generation_context`): under ZeRO-3 the weights are gathered once for a whole rollout
   (DeepSpeed's ``unwrap_model_for_generation``), instead of once per layer per generated token.
 * **Checkpoints**: rank 0 writes the gathered full weights as the ``policy/`` Hugging Face directory;
@@ -130,6 +132,7 @@ class DeepSpeedBackend:
         # on the torch optimizer (torch's schedulers accept nothing else) and then pointed at DeepSpeed's wrapper,
         # whose param groups are the ones the step reads.
         self.scheduler = build_scheduler(optimizer, settings)
+        self._register_external(model)
         with _quiet():
             self.engine, _, _, _ = self.ds.initialize(model=model, model_parameters=self.params, optimizer=optimizer,
                                                       config=self.ds_config, dist_init_required=False)
@@ -183,10 +186,20 @@ class DeepSpeedBackend:
         config = {k: v for k, v in self.ds_config.items() if k not in ("gradient_clipping",)}
         config["zero_optimization"] = {k: v for k, v in config["zero_optimization"].items()
                                        if k != "offload_optimizer"}
+        self._register_external(model)
         with _quiet():
             engine, *_ = self.ds.initialize(model=model, config=config, dist_init_required=False)
         engine.eval()
         return engine.module
+
+    def _register_external(self, model: torch.nn.Module) -> None:
+        """Under ZeRO-3, register the parameters the model's family reads outside their own module's forward
+        (:attr:`mmgpg.models.Family.zero3_external`) as external parameters of the module that reads them: DeepSpeed
+        then gathers them in that module's forward and backward (else the read finds an empty partition)."""
+        if self.zero_stage != 3:
+            return
+        for module, param in external_parameters(model):
+            self.ds.zero.register_external_parameter(module, param)
 
     # ---- one step -------------------------------------------------------------------------------------------------
 
@@ -395,6 +408,26 @@ class DeepSpeedBackend:
                 "optimizer starts afresh)")
         self._saved_world = world  # another count: load_engine_state re-splits the optimizer state
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def external_parameters(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Parameter]]:
+    """``(reader module, parameter)`` for each :attr:`~mmgpg.models.Family.zero3_external` pair of the model's family:
+    every module whose name ends in the pattern (PEFT's wrapper prefixes included) and holds the parameter path."""
+    import re
+
+    from mmgpg.models import FAMILIES
+
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    pairs = FAMILIES[model_type].zero3_external if model_type in FAMILIES else ()
+    found = []
+    for pattern, path in pairs:
+        for name, module in model.named_modules():
+            if re.fullmatch(rf"(?:.*\.)?{pattern}", name):
+                try:
+                    found.append((module, module.get_parameter(path)))
+                except AttributeError:
+                    continue
+    return found
 
 
 def _init_single_process_group(backend: str) -> None:

@@ -64,6 +64,16 @@ class Family:
     vllm_cpu_dtypes: tuple[str, ...] = ()
     """The dtypes vLLM's CPU backend runs this family in (empty: any): Qwen3.5's gated-delta-net kernels are
     bfloat16-only there."""
+    zero3_init: bool = True
+    """Under DeepSpeed ZeRO-3, transformers builds it already partitioned (``deepspeed.zero.Init``). False where that
+    loading path cannot load it: it applies none of transformers' weight conversions, and Qwen3-VL-MoE's checkpoints
+    store the experts transposed. Such a model loads whole on every rank, and DeepSpeed partitions it at start."""
+    zero3_external: tuple[tuple[str, str], ...] = ()
+    """Parameters its transformers code reads outside their own module's forward, as ``(module, parameter)`` pairs:
+    a module-name pattern (``re.fullmatch`` on the name's tail) and the path of the parameter below it. Under ZeRO-3
+    DeepSpeed gathers a parameter only while its module runs, so it registers each as an external parameter of the
+    module that reads it (``deepspeed.zero.register_external_parameter``): Qwen3.5's linear attention reads its
+    convolution's weight directly."""
     pixel_bounds: bool = False
     """Its processor resizes images within ``model.min_pixels`` / ``model.max_pixels`` (the Qwen-VL line); other
     families resize to their processor's own sizes."""

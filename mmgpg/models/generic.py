@@ -26,6 +26,7 @@ what a raw prompt writes for an image (``raw_image_text``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -168,6 +169,26 @@ class ImageTextPolicy(PolicyBase):
     def _encoder_outputs(self, vision: list[dict[str, torch.Tensor]], G: int) -> dict[str, Any]:
         """``mm_encoder_outputs`` for the expanded batch: each prompt's features computed once from its own tensors
         and repeated for its ``G`` copies (prompt-major, as the rows)."""
+        with self._outer_parameters_gathered():
+            pieces, kind = self._image_features(vision, G)
+        if not pieces:
+            return {}
+        pooled = torch.cat(pieces) if isinstance(pieces[0], torch.Tensor) else [t for p in pieces for t in p]
+        return {"mm_encoder_outputs": {"image": kind(pooler_output=pooled)}}
+
+    def _outer_parameters_gathered(self) -> contextlib.AbstractContextManager:
+        """Under ZeRO-3, the parameters of the multimodal model itself (not of a submodule: LLaVA-OneVision's
+        ``image_newline``), gathered while :meth:`_encoder_outputs` calls ``get_image_features`` outside any forward
+        of theirs, and registered as external parameters of that model (``fwd_module``) so their gradient is
+        gathered and reduced with its backward; a no-op otherwise."""
+        own = [p for p in self.model.model.parameters(recurse=False) if hasattr(p, "ds_id")]
+        if not own:
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(own, modifier_rank=None, fwd_module=self.model.model)
+
+    def _image_features(self, vision: list[dict[str, torch.Tensor]], G: int) -> tuple[list, Any]:
         pieces, kind = [], None
         for part in vision:
             if not any(k not in self.spec.prompt_counts for k in part):
@@ -177,10 +198,7 @@ class ImageTextPolicy(PolicyBase):
             kind = type(feats)
             po = feats.pooler_output
             pieces += [po] * G if isinstance(po, torch.Tensor) else [list(po)] * G
-        if not pieces:
-            return {}
-        pooled = torch.cat(pieces) if isinstance(pieces[0], torch.Tensor) else [t for p in pieces for t in p]
-        return {"mm_encoder_outputs": {"image": kind(pooler_output=pooled)}}
+        return pieces, kind
 
     def completion_logprobs(self, rollout: CompletionBatch, *, chunk_size: int = 1024, temperature: float = 1.0,
                             encode_images_once: bool = True, packed: bool = False) -> torch.Tensor:

@@ -198,8 +198,10 @@ def load_policy(
     else:
         from mmgpg.utils import no_transformers_bars, quiet_deepspeed_import
 
-        # no "Loading weights" bar at every load (downloads keep the hub's bars)
-        with no_transformers_bars(), quiet_deepspeed_import():
+        # no "Loading weights" bar at every load (downloads keep the hub's bars); a family that ZeRO-3's partitioned
+        # loading cannot load (Family.zero3_init) loads whole, and DeepSpeed partitions it when it takes the model
+        whole = contextlib.nullcontext() if family(config.model_type).zero3_init else _zero3_construction_off()
+        with no_transformers_bars(), quiet_deepspeed_import(), whole:
             model, loaded = no_remote_code(auto.from_pretrained, path, output_loading_info=True, **kwargs)
         check_loaded(name_or_path, loaded)
         if zero3_partitioned(model):  # ZeRO-3's partitions are already where DeepSpeed placed them

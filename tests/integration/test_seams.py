@@ -95,7 +95,7 @@ def test_an_engine_backend_and_advantage_registered_from_a_plugin_drive_training
 
 def test_registries_refuse_a_duplicate_name_and_list_registered_ones():
     from mmgpg.backends import BACKENDS
-    from mmgpg.registry import Registry
+    from mmgpg.registry import Entry, Registry
     from mmgpg.rollout.engine import ENGINES
 
     with pytest.raises(ValueError, match="rollout engine 'hf' is already registered"):
@@ -109,6 +109,12 @@ def test_registries_refuse_a_duplicate_name_and_list_registered_ones():
         reg["c"]
     reg.unregister("b")
     assert "b" not in reg
+    # Replacing an implementation (a spy in a test) keeps what was declared about it: the checks read the facts.
+    reg = Registry("thing", "mmgpg.test_things", {"a": Entry("math:sqrt", {"ratio": "r"})})
+    reg.register("a", len, replace=True)
+    assert reg.facts("a") == {"ratio": "r"} and reg["a"]("xy") == 2
+    reg.register("a", len, replace=True, facts={})
+    assert reg.facts("a") == {}
 
 
 def test_unknown_registered_names_are_config_errors():

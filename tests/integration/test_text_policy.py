@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -81,7 +82,9 @@ def test_lora_trains_only_the_adapters_of_the_text_layers(tmp_path):
     assert any(".lora_B." in n and n.startswith("model.layers.") for n in changed)
     adapter = tmp_path / "lora" / "checkpoints" / "step-00000002" / "adapter" / "adapter_config.json"
     targets = json.loads(adapter.read_text())["target_modules"]
-    assert "model\\.(?:language_model\\.)?layers" in targets
+    # The saved target is the regex PEFT matched with: the text layers' projections, nothing else.
+    assert re.fullmatch(targets, "model.layers.0.self_attn.q_proj") and re.fullmatch(targets, "model.layers.1.mlp.down_proj")
+    assert not re.fullmatch(targets, "lm_head") and not re.fullmatch(targets, "model.embed_tokens")
 
 
 def test_vision_settings_on_a_text_model_are_clear_errors(tmp_path):
