@@ -238,16 +238,26 @@ def _per_token(advantages: torch.Tensor) -> torch.Tensor:
 
 
 def clipped_ratio_token_loss(logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None = None,
-                             clip_eps: float = 0.2, clip_eps_high: float | None = None) -> torch.Tensor:
+                             clip_eps: float = 0.2, clip_eps_high: float | None = None,
+                             dual_clip: float | None = None) -> torch.Tensor:
     """GRPO/PPO: ``ℓ_it = -min(ρ_it A_i, clip(ρ_it, 1-ε, 1+ε_high) A_i)`` with ``ρ = exp(logp - old_logp)``;
     ``clip_eps_high = None`` is the symmetric ``ε_high = ε``, DAPO's clip-higher sets ``ε = 0.2, ε_high = 0.28``.
 
     With ``old_logp = None`` the ratio is taken against ``logp.detach()`` (one update per rollout batch): its value
     is 1, and its gradient is exactly GPG's ``-A ∇log π``. DAPO, A = +1, ρ = 1.25: ``-1.25`` (symmetric 0.2:
     ``-1.2``); A = -1, ρ = 0.75: ``0.8`` in both (the low side stays at 1 - 0.2).
+
+    ``dual_clip = C`` (dual-clip PPO, Ye et al. 2020, arXiv 1912.09729; verl's ``clip_ratio_c``, 3 by default there):
+    for ``A_i < 0`` the loss is also capped, ``ℓ_it = min(ℓ_it, -C A_i)``, so a token whose ratio grew above ``C``
+    adds a constant and no gradient. ε = 0.2, C = 3, A = -1: ρ = 5 → ``min(5, 3) = 3``; ρ = 2 → ``2``; A = -2, ρ = 4 →
+    ``min(8, 6) = 6``; A = +1, ρ = 5 → ``-1.2`` (unchanged).
     """
     old = logp.detach() if old_logp is None else old_logp
-    return _clipped_surrogate(torch.exp(logp - old), _per_token(advantages), clip_eps, clip_eps_high)
+    a = _per_token(advantages)
+    loss = _clipped_surrogate(torch.exp(logp - old), a, clip_eps, clip_eps_high)
+    if dual_clip is None:
+        return loss
+    return torch.where(a < 0, torch.minimum(loss, -dual_clip * a), loss)
 
 
 def _sequence_log_ratio(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -184,12 +184,20 @@ class SuccessRecord:
         if not isinstance(rec, dict):
             raise ValueError(f"{path}:{number}: not a record (a JSON object)")
         group_size = _typed(path, number, rec, "group_size", int)
+        if group_size < 1:
+            raise ValueError(f"{path}:{number}: 'group_size' must be at least 1; got {group_size}. Fix or remove the "
+                             "record.")
         success = rec.get("success")
         if success is None and "success" not in rec and isinstance(rec.get("successes"), int):
             # a record that carries only the count: read as that many successes
+            if not 0 <= rec["successes"] <= group_size:
+                raise ValueError(f"{path}:{number}: 'successes' must lie in [0, group_size={group_size}]; got "
+                                 f"{rec['successes']!r}. Fix or remove the record.")
             success = [1] * rec["successes"] + [0] * (group_size - rec["successes"])
-        if success is not None and (not isinstance(success, list) or len(success) != group_size):
-            raise ValueError(f"{path}:{number}: 'success' must be a list of {group_size} 0/1 values; got {success!r}")
+        if success is not None and not (isinstance(success, list) and len(success) == group_size
+                                        and all(x in (0, 1) and isinstance(x, int) for x in success)):
+            raise ValueError(f"{path}:{number}: 'success' must be a list of {group_size} values, each 0 or 1 (or "
+                             f"false/true); got {success!r}. Fix or remove the record.")
         rewards = rec.get("rewards")
         if rewards is not None and not (isinstance(rewards, list)
                                         and all(isinstance(r, int | float) and not isinstance(r, bool) for r in rewards)):
@@ -199,7 +207,7 @@ class SuccessRecord:
                    attempt=_typed(path, number, rec, "attempt", int, required=False) or 0,
                    rank=_typed(path, number, rec, "rank", int, required=False) or 0,
                    group_size=group_size, in_update=rec.get("in_update"), zero_variance=rec.get("zero_variance"),
-                   rewards=rewards, success=None if success is None else [int(bool(x)) for x in success])
+                   rewards=rewards, success=None if success is None else [int(x) for x in success])
 
 
 @dataclass(frozen=True)
@@ -226,6 +234,9 @@ class ProbeRecord:
         if not isinstance(rec, dict):
             raise ValueError(f"{path}:{number}: not a record (a JSON object)")
         k, n = _typed(path, number, rec, "successes", int), _typed(path, number, rec, "samples", int)
+        if n < 1:
+            raise ValueError(f"{path}:{number}: 'samples' must be at least 1 (a probe draws completions to count); "
+                             f"got {n}. Fix or remove the record, or probe again (mmgpg probe --samples 64).")
         if not 0 <= k <= n:
             raise ValueError(f"{path}:{number}: successes must lie in [0, samples]; got {k} of {n}")
         number_kind = (int, float)

@@ -286,6 +286,10 @@ hundred): an alias bomb — nine aliases of nine aliases of ... — is refused b
 YAML_MAX_DEPTH = 64
 """The deepest nesting of lists and mappings (a config has four levels)."""
 
+SEED_MAX = 2**32 - 1
+"""The largest seed (``seed``, ``--seed``): NumPy's and vLLM's generators take 32-bit seeds, and mmgpg derives its
+torch seeds from the seed by adding step counts and multiplying by 1,000,003 within torch's 64 bits."""
+
 
 class YamlProblem(Problem):
     """A :class:`Problem` of a YAML text: ``key`` is ``FILE:LINE`` and there is no value to show."""
@@ -342,7 +346,12 @@ def read_yaml_file(path: Any) -> Any:
     if size > YAML_MAX_BYTES:
         raise YamlError(str(path), None, f"The YAML is larger than {YAML_MAX_BYTES >> 20} MiB ({size} bytes); a "
                         "config is a few kB.", "give a config file, not a data file.")
-    return read_yaml(path.read_text(encoding="utf-8"), str(path))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise YamlError(str(path), None, f"The file is not UTF-8 text (byte {err.object[err.start]:#04x} at offset "
+                        f"{err.start} cannot be decoded).", "save it as UTF-8 (a config is plain text).") from None
+    return read_yaml(text, str(path))
 
 
 def _expanded_size(node: Any, source: str, sizes: dict[int, int | None]) -> int:

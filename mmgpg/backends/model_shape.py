@@ -47,10 +47,17 @@ def model_shape(path: str, lora=None) -> ModelShape:
     meta device; with ``lora`` (a :class:`mmgpg.config.LoraConfig` of rank > 0) also what it trains."""
     import torch
 
-    from mmgpg.models.load import auto_model_class, no_remote_code, read_model_config, resolve_model_path
+    from mmgpg.models.load import (
+        auto_model_class,
+        check_model_source,
+        no_remote_code,
+        read_model_config,
+        resolve_model_path,
+    )
     from mmgpg.models.tiny import count_parameters
 
     path = resolve_model_path(path)
+    check_model_source(path, need_weights=False)  # a local path that is no model folder says so, not the hub's rule
     try:
         config = read_model_config(path)
     except OSError as err:

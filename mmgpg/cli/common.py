@@ -27,6 +27,16 @@ def resolve_args(args):
 # ---- flag values: refused by argparse (exit 2, naming the flag) before anything runs ---------------------------------
 
 
+def seed_flag(text: str) -> int:
+    """An argparse ``type`` for ``--seed``: an integer in ``[0, SEED_MAX]``."""
+    from mmgpg.typed import SEED_MAX
+
+    return int_in(0, SEED_MAX)(text)
+
+
+seed_flag.__name__ = "seed"
+
+
 def int_in(low: int, high: int):
     """An argparse ``type``: an integer in ``[low, high]``.
 

@@ -7,11 +7,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from mmgpg.cli.common import add_config_args
+from mmgpg.cli.common import add_config_args, int_in, seed_flag
 from mmgpg.rollout.engine import ENGINES
 
 PAPER_TEMPERATURE, PAPER_TOP_P = 0.6, 0.95
 """The sampled-evaluation defaults: the GPG authors' lighteval setting (GPG:open-rs/eval.sh:4)."""
+SIZE_MAX = 10**12
+"""The flags' upper bound as numbers; what fits in memory is planned when the run starts (mmgpg.evaluation.budget)."""
 
 
 def register(sub) -> None:
@@ -31,9 +33,10 @@ def register(sub) -> None:
                    "default) or strict (the quirks fixed)")
     p.add_argument("--split", default="test")
     p.add_argument("--limit", type=int, default=None, help="first N items only")
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="prompts per generate call (with --samples: sequences, i.e. batch-size // K prompts)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int_in(1, SIZE_MAX), default=32,
+                   help="prompts per generate call (with --samples: sequences, i.e. batch-size // K prompts, or one "
+                   "prompt's samples in pieces of batch-size); a call that does not fit in memory is refused")
+    p.add_argument("--max-new-tokens", type=int_in(1, SIZE_MAX), default=256)
     p.add_argument("--samples", type=int, default=None, metavar="K",
                    help="sampled evaluation: K completions per item, reported as pass@1 (the mean over items of the "
                    "fraction correct) and pass@k for k = 1, 2, 4, ..., K (unbiased estimator); default: greedy")
@@ -42,7 +45,7 @@ def register(sub) -> None:
                    "lighteval setting; 0 = greedy, only with --samples 1)")
     p.add_argument("--top-p", type=float, default=None,
                    help=f"with --samples: nucleus sampling mass in (0, 1] (default {PAPER_TOP_P}, as the authors)")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=seed_flag, default=None,
                    help="with --samples: the sampling seed (default: the config's seed)")
     p.add_argument("--engine", choices=list(ENGINES), default=None,
                    help="rollout engine for --ckpt (default: rollout.engine, i.e. hf); vllm needs vLLM installed, or "
@@ -214,14 +217,34 @@ def _evaluate_checkpoint(args, cfgs, tasks, decoding):
     for task in tasks:  # e.g. a grounding task's box convention against the model family's
         check_task_for_model(task, policy.spec)
     engine = build_engine(cfg.rollout.engine, policy, EngineSettings.from_config(cfg))
+    check_batch = _generation_budget(args, cfg, policy, device) if cfg.rollout.engine == "hf" else None
     try:
         return [(task, run_evaluation(engine, task, args.split, limit=args.limit, protocol=args.protocol,
                                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                                on_bad_row=c.data.on_bad_row, checkpoint=args.ckpt, engine_name=cfg.rollout.engine,
-                               decoding=decoding))
+                               decoding=decoding, check_batch=check_batch))
                 for task, c in zip(tasks, cfgs)]
     finally:
         engine.close()
+
+
+def _generation_budget(args, cfg, policy, device):
+    """``check_batch`` of the in-process HF engine: a generate call of that many sequences of up to
+    ``model.max_prompt_length + --max-new-tokens`` tokens must fit in the device's free memory
+    (:func:`mmgpg.evaluation.budget.check_generation`)."""
+    import torch
+
+    from mmgpg.evaluation.budget import check_generation, host_available_bytes
+
+    text = policy.model.config.get_text_config()
+    dtype_bytes = torch.finfo(policy.model.dtype).bits // 8
+    tokens = cfg.model.max_prompt_length + args.max_new_tokens
+
+    def check(sequences: int) -> None:
+        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else host_available_bytes()
+        check_generation(args.batch_size, sequences, tokens, text, dtype_bytes, free)
+
+    return check
 
 
 def print_metrics(metrics: dict[str, float], title: str) -> None:

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from mmgpg.cli.common import add_config_args, int_in, resolve_args
+from mmgpg.cli.common import add_config_args, int_in, resolve_args, seed_flag
 from mmgpg.cli.plan import add_hardware_args
 from mmgpg.models import DTYPES, FAMILIES
 
@@ -183,7 +183,7 @@ def register(sub) -> None:
                    "dimensions, where the family has them; shape_true_7b with --config-only)")
     t.add_argument("--config-only", action="store_true",
                    help="write config.json only, no weights (enough for mmgpg plan and mmgpg model info)")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=seed_flag, default=0)
     t.add_argument("--dtype", choices=DTYPES[1:], default=None,
                    help="saved dtype (default float32 for tiny, bfloat16 for shape_true)")
     t.set_defaults(func=cmd_model_tiny)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mmgpg.cli.common import add_config_args, int_in, resolve_args
+from mmgpg.cli.common import add_config_args, int_in, resolve_args, seed_flag
 
 
 def cmd_train(args) -> int:
@@ -69,7 +69,7 @@ def register(sub) -> None:
     p.add_argument("--text", action="store_true",
                    help="the text demo: model=tiny_qwen2 (text-only Qwen2) on task=arith instead of Qwen2-VL on shapes")
     p.add_argument("--output", help="run directory (default runs/demo-<time>)")
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--seed", type=seed_flag, default=d.seed)
     p.add_argument("--sft-steps", type=int, help=default("sft_steps"))
     p.add_argument("--gpg-steps", type=int, help="RL steps (" + default("gpg_steps") + ")")
     p.add_argument("--prompts-per-step", type=int, help=default("prompts_per_step"))

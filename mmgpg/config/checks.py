@@ -10,7 +10,7 @@ from mmgpg.backends import BACKENDS, backend_fact
 from mmgpg.models.lora import check_lora
 from mmgpg.registry import ADVANTAGES, TOKEN_LOSSES
 from mmgpg.task import checked_task
-from mmgpg.typed import Problem, did_you_mean, range_problems
+from mmgpg.typed import SEED_MAX, Problem, did_you_mean, range_problems
 
 if TYPE_CHECKING:
     from mmgpg.config import Config, TaskConfig
@@ -47,6 +47,14 @@ def check(cfg: Config, *, task: bool = True) -> list[Problem]:
     if len(t.adam_betas) != 2 or not all(0 <= b < 1 for b in t.adam_betas):
         p.append(Problem("train.adam_betas", t.adam_betas, "AdamW needs two betas in [0, 1).",
                          "set train.adam_betas=[0.9,0.999]."))
+    if not 0 <= cfg.seed <= SEED_MAX:
+        p.append(Problem("seed", cfg.seed, f"Seeds are whole numbers from 0 to 2^32 - 1 = {SEED_MAX} (NumPy's and "
+                         "vLLM's generators take 32-bit seeds).", "set seed to a number in that range, e.g. seed=0."))
+    for key, limit in (("logprob_check_mean", r.logprob_check_mean), ("logprob_check_max", r.logprob_check_max)):
+        if limit is not None and not limit > 0:
+            p.append(Problem(f"rollout.{key}", limit, "A limit on an absolute log-prob difference is > 0 (at 0 every "
+                             "rounding difference would stop training).",
+                             f"set rollout.{key}=null (the default) or a positive number."))
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?|mps|xpu(:\d+)?", cfg.device):
         p.append(Problem("device", cfg.device, "Not a torch device name.", "use auto, cpu, cuda or cuda:N."))
     if t.backend in BACKENDS:  # the backend's own keys (an unregistered name is reported above)
@@ -94,20 +102,26 @@ def _check_baselines(cfg: Config) -> list[Problem]:
     if a.cispo_eps_low is not None and a.token_loss != "cispo":
         p.append(Problem("algo.cispo_eps_low", a.cispo_eps_low, "Only the cispo token loss has this bound.",
                          "set algo.cispo_eps_low=null, or algo.token_loss=cispo."))
+    if a.dual_clip is not None and (a.token_loss != "clipped_ratio" or not a.dual_clip > 1):
+        p.append(Problem("algo.dual_clip", a.dual_clip, "Dual clip caps clipped_ratio's loss of a negative-advantage "
+                         "token at -C x A, with C > 1 (the clip range already holds the ratio near 1).",
+                         "set algo.dual_clip=null, or algo.token_loss=clipped_ratio with algo.dual_clip=3.0 (verl)."))
     if a.token_loss == "cispo" and a.clip_eps_high is None:
         p.append(Problem("algo.clip_eps_high", None, "CISPO caps its weight at 1 + clip_eps_high and needs the cap.",
                          "set algo.clip_eps_high=4.0 (TRL's epsilon_high = 5 is the cap 1 + 4)."))
     # Off-policy only: with one update per batch the ratio to the rollout policy is exactly 1.
-    offpolicy = loss.get("offpolicy_only") or (a.token_loss == "clipped_ratio" and a.clip_eps_high is not None)
+    offpolicy = loss.get("offpolicy_only") or (a.token_loss == "clipped_ratio" and (
+        a.clip_eps_high is not None or a.dual_clip is not None))
     if offpolicy and a.updates_per_batch == 1:
-        what = {"clipped_ratio": "clip_eps_high (clip-higher) never acts and the gradient is the unclipped one",
+        what = {"clipped_ratio": "clip_eps_high (clip-higher) never acts, nor does dual_clip, and the gradient is "
+                                 "the unclipped one",
                 "cispo": "the CISPO weight is exactly 1 and the loss is reinforce's"}.get(
             a.token_loss, "the sequence ratio is exactly 1, the clip never acts and the gradient is clipped_ratio's")
         p.append(Problem("algo.updates_per_batch", 1,
                          f"The {loss['ratio']} compares the policy with the one that sampled the batch "
                          f"(old log-probs): with one update per rollout batch they are the same, so {what}.",
                          "set algo.updates_per_batch=2 or more (old log-probs are computed once per batch), or a "
-                         "token loss whose meaning needs no ratio (reinforce; clipped_ratio without clip_eps_high)."))
+                         "token loss whose meaning needs no ratio (reinforce; clipped_ratio without clip_eps_high or dual_clip)."))
     if a.advantage in ADVANTAGES and ADVANTAGES.facts(a.advantage).get("batch_whitened") and a.alpha_correction:
         p.append(Problem("algo.alpha_correction", True,
                          f"{a.advantage} whitens with the batch's statistics, so zero-variance groups carry gradient too "

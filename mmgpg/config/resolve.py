@@ -60,12 +60,13 @@ def config_search_path(extra: Sequence[str | Path] = ()) -> list[Path]:
 
 
 def available_groups(search_path: Sequence[Path]) -> dict[str, list[str]]:
-    """``{group: [names]}`` over the search path (a group is a sub-folder holding ``*.yaml`` files)."""
+    """``{group: [names]}`` over the search path (a group is a sub-folder holding ``*.yaml`` files; a folder named
+    ``x.yaml`` is not one)."""
     groups: dict[str, set[str]] = {}
     for root in search_path:
         if root.is_dir():
             for sub in sorted(p for p in root.iterdir() if p.is_dir()):
-                names = {f.stem for f in sub.glob("*.yaml")}
+                names = {f.stem for f in sub.glob("*.yaml") if f.is_file()}
                 if names:
                     groups.setdefault(sub.name, set()).update(names)
     return {g: sorted(n) for g, n in sorted(groups.items())}
@@ -183,8 +184,12 @@ def resolve(args: Sequence[str] = (), config_dirs: Sequence[str | Path] = (), va
                 continue
             if path is None:
                 names = groups.get(key, [])
-                problems.append(Problem(key, raw, f"No config file {key}/{raw}.yaml in {', '.join(map(str, search_path))}.",
-                                        "choose one of: " + (", ".join(names) or "(none)") + "." + did_you_mean(raw, names)))
+                folders = [str(root / key / f"{raw}.yaml") for root in search_path
+                           if (root / key / f"{raw}.yaml").is_dir()]
+                why = (f"{folders[0]} is a folder, not a config file." if folders else
+                       f"No config file {key}/{raw}.yaml in {', '.join(map(str, search_path))}.")
+                problems.append(Problem(key, raw, why, "choose one of: " + (", ".join(names) or "(none)") + "."
+                                        + did_you_mean(raw, names)))
                 continue
             tree = _merge(tree, _read_yaml(path, problems, f"{key}={raw}"))
             selected[key] = raw

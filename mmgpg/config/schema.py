@@ -110,9 +110,9 @@ class RolloutConfig:
     logprob_check: bool = True
     """Post-sync check (vllm): log |engine - trainer| log-prob of the sampled tokens each step, stop above the limits."""
     logprob_check_mean: float | None = None
-    """Limit on the step's mean |difference|; null = 1e-3 when both sides run float32, else 5e-2."""
+    """Limit on the step's mean |difference| (> 0); null = 1e-3 when both sides run float32, else 5e-2."""
     logprob_check_max: float | None = None
-    """Limit on the largest |difference| of one token; null = logged, not checked."""
+    """Limit on the largest |difference| of one token (> 0); null = logged, not checked."""
 
 
 @dataclass
@@ -139,6 +139,10 @@ class AlgoConfig:
     CISPO's cap on its weight, 1 + clip_eps_high (needed by cispo: 4.0). Needs updates_per_batch > 1 to act."""
     cispo_eps_low: float | None = None
     """CISPO's lower bound on its weight, 1 - cispo_eps_low (null: none, as MiniMax-M1 and TRL; verl clips both)."""
+    dual_clip: float | None = None
+    """Dual-clip PPO's C for clipped_ratio (verl's clip_ratio_c, on by default there with 3.0): a token with a negative
+    advantage adds at most -C x A to the loss, so a ratio above C stops pushing (> 1; needs updates_per_batch > 1).
+    null: off, as the GRPO and DAPO papers and TRL."""
     kl_coef: float = bounded(0.0, ge=0, why="A KL weight is >= 0 (GPG: 0, GRPO: 0.04).")
     """Weight of the KL penalty to a frozen reference policy (GRPO: 0.04). A reference model exists only when > 0."""
     kl_estimator: str = "k3"
@@ -319,6 +323,6 @@ class Config:
     output_dir: str = ""
     """Run directory; empty means runs/<command>-<YYYYmmdd-HHMMSS>. The resolved config is saved there as config.yaml."""
     seed: int = 0
-    """Seed for Python, NumPy and torch (CPU and GPU) RNGs."""
+    """Seed for Python, NumPy and torch (CPU and GPU) RNGs: 0 to 2^32 - 1 (NumPy and vLLM take 32-bit seeds)."""
     device: str = "auto"
     """Torch device: auto (cuda:LOCAL_RANK when a GPU exists, else cpu), cpu, cuda, cuda:1, ..."""

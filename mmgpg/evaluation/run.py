@@ -18,13 +18,14 @@ outputs without a model, and writing a report, are :mod:`mmgpg.evaluation.predic
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from mmgpg import distributed
+from mmgpg.evaluation.budget import check_records, sample_units
 from mmgpg.evaluation.passk import pass_at_k_metrics
 from mmgpg.rollout import RolloutEngine, Sampling
 from mmgpg.rollout.engine import request_seed
@@ -45,14 +46,13 @@ def sampled_scores(engine: RolloutEngine, task: Task, examples: Sequence[Example
                    batch_size: int = 32, max_new_tokens: int = 64, protocol: str = "paper") -> dict[str, float]:
     """Mean of each score over ``samples`` completions per example at ``temperature`` (mean@k: the success rate of
     the sampling policy that RL optimises, estimated without the variance of a single sample)."""
-    if samples < 1 or batch_size < 1:
-        raise ValueError(f"samples and batch_size must be >= 1; got {samples}, {batch_size}")
     per_sample: list[dict[str, float]] = []
-    per_batch = max(1, batch_size // samples)
-    for start in range(0, len(examples), per_batch):
-        chunk = examples[start : start + per_batch]
-        out = engine.generate([task.prompt(ex) for ex in chunk], samples, Sampling(max_new_tokens, temperature))
-        per_sample += [judge_output(task, text, chunk[i // samples], protocol) for i, text in enumerate(out.texts)]
+    units = sample_units(len(examples), samples, batch_size)  # calls of at most batch_size sequences
+    check_records(len(examples), samples, max_new_tokens)
+    for start, n, _, k in units:
+        chunk = examples[start : start + n]
+        out = engine.generate([task.prompt(ex) for ex in chunk], k, Sampling(max_new_tokens, temperature))
+        per_sample += [judge_output(task, text, chunk[i // k], protocol) for i, text in enumerate(out.texts)]
     return judged_metrics(task, per_sample)
 
 
@@ -180,32 +180,35 @@ def evaluate_sampled(engine: RolloutEngine, task: Task, examples: Sequence[Examp
     per sample (problem-major, ``sample`` = 0..K-1; the fields of :func:`evaluate`'s records) and
     :func:`sampled_metrics` (plus the task's ``mask_metrics`` over all samples).
 
-    ``batch_size`` counts sequences: each ``generate`` call takes ``max(1, batch_size // K)`` problems. Under
-    torchrun the batches are split over the ranks as in :func:`evaluate` and gathered back into the one-process
-    order. Seeds: problem ``i`` is requested with ``request_seed(seed, EVAL_SEED_STREAM, i)`` (engines with
-    per-request seeds, vLLM: its samples depend on (seed, problem, sample) only, whatever the batching and world
-    size), and torch's RNG is reseeded with ``request_seed(seed, EVAL_SEED_STREAM, -1, b)`` before batch ``b`` (the
-    HF engine draws from it: its samples depend on (seed, batch_size), not on the world size). The caller's RNG
-    state is restored afterwards.
+    ``batch_size`` counts sequences: each ``generate`` call takes ``batch_size // K`` problems, or with ``K >
+    batch_size`` one problem's samples in pieces of ``batch_size`` (:func:`~mmgpg.evaluation.budget.sample_units`);
+    ``items · K`` records that would not fit in memory are refused first
+    (:func:`~mmgpg.evaluation.budget.check_records`). Under torchrun the calls are split over the ranks as in
+    :func:`evaluate` and gathered back into the one-process order. Seeds: problem ``i`` is requested with
+    ``request_seed(seed, EVAL_SEED_STREAM, i)`` (``(seed, EVAL_SEED_STREAM, j, i)`` for its ``j``-th piece when its
+    samples are split; engines with per-request seeds, vLLM: its samples depend on (seed, problem, sample) only,
+    whatever the world size), and torch's RNG is reseeded with ``request_seed(seed, EVAL_SEED_STREAM, -1, b)``
+    before call ``b`` (the HF engine draws from it: its samples depend on (seed, batch_size), not on the world
+    size). The caller's RNG state is restored afterwards.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1; got {batch_size}")
     info = distributed.current()
     k = decoding.samples
-    per_batch = max(1, batch_size // k)
-    starts = list(range(0, len(examples), per_batch))
+    units = sample_units(len(examples), k, batch_size)
+    check_records(len(examples), k, max_new_tokens)
     mine: list[tuple[int, list[dict[str, Any]]]] = []
     with torch.random.fork_rng(devices=_rng_devices()):
-        for b in range(info.rank, len(starts), info.world_size):
-            chunk = examples[starts[b] : starts[b] + per_batch]
+        for b in range(info.rank, len(units), info.world_size):
+            start, n, first, kc = units[b]
+            chunk = examples[start : start + n]
             torch.manual_seed(request_seed(decoding.seed, EVAL_SEED_STREAM, -1, b))
+            piece = () if kc == k else (first // batch_size,)  # a problem's samples in pieces: each its own seeds
             sampling = Sampling(max_new_tokens, decoding.temperature, decoding.top_p, decoding.top_k,
-                                seed_key=(decoding.seed, EVAL_SEED_STREAM), first_prompt=starts[b])
-            out = engine.generate([task.prompt(ex) for ex in chunk], k, sampling)
+                                seed_key=(decoding.seed, EVAL_SEED_STREAM, *piece), first_prompt=start)
+            out = engine.generate([task.prompt(ex) for ex in chunk], kc, sampling)
             rows = []
             for i, (text, mask) in enumerate(zip(out.texts, out.completion_mask)):
-                ex = chunk[i // k]
-                rows.append({"id": ex.id, **task.record_fields(ex), "sample": i % k, "model_output": text,
+                ex = chunk[i // kc]
+                rows.append({"id": ex.id, **task.record_fields(ex), "sample": first + i % kc, "model_output": text,
                              "tokens": int(mask.sum()), **judge_output(task, text, ex, protocol)})
             mine.append((b, rows))
     batches = dict(pair for part in (distributed.gather_objects(mine) if info.enabled else [mine]) for pair in part)
@@ -263,15 +266,20 @@ def parse_failures(records: Sequence[dict[str, Any]]) -> int:
 
 def run_evaluation(engine: RolloutEngine, task: Task, split: str, *, limit: int | None, protocol: str = "paper",
                    max_new_tokens: int, batch_size: int = 32, on_bad_row: str = "error", checkpoint: str,
-                   engine_name: str, decoding: SampledDecoding | None = None) -> EvalReport:
+                   engine_name: str, decoding: SampledDecoding | None = None,
+                   check_batch: Callable[[int], None] | None = None) -> EvalReport:
     """Greedy-decode the first ``limit`` items of ``split`` (all when None or <= 0) and judge them under ``protocol``;
     with ``decoding``, sample ``decoding.samples`` completions per item instead (:func:`evaluate_sampled`).
 
     A bad data row raises (``on_bad_row="error"``) or, under ``"skip"``, is left out, warned about on stderr and
     recorded (:func:`mmgpg.task.good_items`). ``checkpoint`` and ``engine_name`` say where the outputs came from
-    (the report's ``source``). The engine stays open: it is the caller's."""
+    (the report's ``source``). ``check_batch(sequences)``, when given, may refuse the largest generate call before
+    any is made (``mmgpg eval``: :func:`mmgpg.evaluation.budget.check_generation`). The engine stays open: it is the
+    caller's."""
     items = task.load(split)
     examples, bad_rows = good_items(items, limit, on_bad_row)
+    if check_batch is not None and examples:
+        check_batch(min(batch_size, len(examples) * (decoding.samples if decoding else 1)))
     for row, reason in bad_rows.items() if distributed.current().is_main else ():
         print(f"skipped bad data row {row}: {reason}", file=sys.stderr, flush=True)
     if decoding is None:

@@ -29,6 +29,7 @@ Jobs (run in the worker; every result is plain Python data — booleans and stri
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -111,12 +112,109 @@ def _job_lighteval_match(pred: str, gold: str, kind: str) -> tuple[bool, str]:
 
     modes = {"fallback_mode": "first_match", "extraction_mode": "any_match", "parsing_timeout": 5}
     gold_config = [LatexExtractionConfig()] if kind == "latex" else [ExprExtractionConfig()]
-    golds = _cached(("lighteval", kind, gold), lambda: parse(gold, extraction_config=gold_config, **modes)) or [gold]
-    preds = parse(pred, extraction_config=[ExprExtractionConfig(), LatexExtractionConfig(boxed_match_priority=0)],
-                  **modes)
+    golds = _cached(("lighteval", kind, gold), lambda: parse(bare_words_kept(gold), extraction_config=gold_config,
+                                                             **modes)) or [gold]
+    preds = parse(bare_words_kept(final_boxes(pred)),
+                  extraction_config=[ExprExtractionConfig(), LatexExtractionConfig(boxed_match_priority=0)], **modes)
     correct = any(not _lighteval_differs(g, p) and verify(g, p, float_rounding=5, timeout_seconds=5)
                   for g in golds for p in preds)
     return bool(correct), _last_str(preds)
+
+
+_BOX_OPENERS = ("\\boxed{", "\\fbox{")
+_BOX_JOINERS = {"and", "or", ","}
+_MATH_DELIMITERS = re.compile(r"\$|\\[()\[\]]")
+
+
+def _boxes(text: str) -> list[tuple[int, int, int]]:
+    """``(start, content start, end)`` of every ``\\boxed{...}`` / ``\\fbox{...}`` with balanced braces, in order
+    (an unclosed box is left out)."""
+    found, i = [], 0
+    while True:
+        hits = [(text.find(o, i), o) for o in _BOX_OPENERS]
+        hits = [(at, o) for at, o in hits if at >= 0]
+        if not hits:
+            return found
+        start, opener = min(hits)
+        depth, j = 1, start + len(opener)
+        while j < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[j], 0)
+            j += 1
+        if depth:
+            return found
+        found.append((start, start + len(opener), j))
+        i = j
+
+
+def final_boxes(text: str) -> str:
+    r"""``text`` with only its final answer boxed, as lighteval 0.13 reads several boxes (measured against lighteval
+    itself, tests/paper/test_math_judge_lighteval.py): the last box counts, together with the boxes before it that
+    are joined to it by nothing but ``and``, ``or`` or a comma (``$\\boxed{3}$ and $\\boxed{5}$`` is one answer
+    ``3, 5``); every other box is unwrapped to its content, and ``\\fbox`` is read as ``\\boxed``. math-verify 0.9 (latex2sympy2_extended 1.11) instead joins
+    any boxes that are close together, so a self-correction ``First \\boxed{(2, 1)}, then correcting: \\boxed{(1, 2)}``
+    would read ``(2, 1), (1, 2)``.
+
+    Written here because the two libraries cannot share one environment (lighteval 0.13 pins latex2sympy2_extended
+    1.0.6, math-verify 0.9 needs 1.11): the judge runs on math-verify and this rule puts back lighteval's reading.
+
+    >>> final_boxes("First \\boxed{(2, 1)}, then correcting: \\boxed{(1, 2)}")
+    'First (2, 1), then correcting: \\boxed{(1, 2)}'
+    >>> final_boxes("$\\boxed{3}$ and $\\boxed{5}$")
+    '$\\boxed{3}$ and $\\boxed{5}$'
+    """
+    boxes = _boxes(text)
+    # lighteval finds an answer box by \boxed: an \fbox counts only after one (alone, it is ordinary text)
+    first = next((i for i, (start, _, _) in enumerate(boxes) if text.startswith("\\boxed", start)), len(boxes))
+    boxes = boxes[first:]
+    keep = len(boxes) - 1
+    while keep > 0 and _MATH_DELIMITERS.sub("", text[boxes[keep - 1][2]:boxes[keep][0]]).strip() in _BOX_JOINERS:
+        keep -= 1
+    out, at = [], 0
+    for i, (start, content, end) in enumerate(boxes):
+        # an earlier box is unwrapped to its content; a kept one is written \boxed (math-verify reads no \fbox)
+        out += [text[at:start], text[content:end - 1] if i < keep else "\\boxed{" + text[content:end]]
+        at = end
+    return "".join(out) + text[at:]
+
+
+# Math in a model's answer: $$...$$, $...$, \\[...\\], \\(...\\) and the content of a box.
+_MATH_SPAN = re.compile(r"\$\$.+?\$\$|\$.+?\$|\\\[.+?\\\]|\\\(.+?\\\)", re.S)
+# A word written right after a number (or a closing brace), not a LaTeX command: a bare unit (5 cm, 180hours, 67 m),
+# "percent", or a symbol (2x); "and" / "or" between answers are left alone.
+_BARE_WORD = re.compile(r"(?<=[\d}])((?:\s|\\[ ,;:!])*)(?!(?:and|or)\b)([A-Za-z]+)\b")
+
+_TEXT_PERCENT = re.compile(r"\\text\s*\{\s*percent\s*\}")
+
+
+def bare_words_kept(text: str) -> str:
+    r"""``text`` with the words written bare after a number inside math kept as lighteval 0.13 reads them (measured
+    against lighteval itself, tests/paper/test_math_judge_lighteval.py): its normaliser (latex2sympy2_extended 1.0.6)
+    removes units written as ``\text{cm}`` or ``\mathrm{m}`` but not a bare unit word, so ``$5 cm$`` is the product
+    ``5·c·m`` there, and it turns a bare ``percent`` into text that does not parse. math-verify's normaliser (1.11)
+    removes a bare unit at the end of the math and reads ``percent`` as ``\%``, so both would score as the number.
+    Here a bare word becomes a braced group (``5 {cm}``: a product for the parser, no unit for the normaliser's
+    end-of-math rule) and a bare ``percent`` (or ``\text{percent}``) in a box becomes what lighteval's rule leaves
+    there (``\\%``, which does not parse).
+
+    >>> bare_words_kept("The length is $5 cm$, i.e. 5 cm.")
+    'The length is $5 {cm}$, i.e. 5 cm.'
+    >>> bare_words_kept(r"$\boxed{25 percent}$ of $2x + 3\text{ cm}$")
+    '$\\boxed{25 \\\\%}$ of $2{x} + 3\\text{ cm}$'
+    """
+    def word(match: re.Match) -> str:  # outside a box, "percent" is a percentage to both libraries
+        space, w = match.groups()
+        return match.group(0) if w == "percent" else space + "{" + w + "}"
+
+    def boxed_word(match: re.Match) -> str:
+        space, w = match.groups()
+        return space + ("\\\\%" if w == "percent" else "{" + w + "}")
+
+    text = _MATH_SPAN.sub(lambda m: _BARE_WORD.sub(word, m.group(0)), text)
+    out, at = [], 0
+    for _start, content, end in _boxes(text):  # boxes, inside $...$ or not (``**Final Answer** \boxed{9 percent}``)
+        out += [text[at:content], _TEXT_PERCENT.sub(r"\\\\%", _BARE_WORD.sub(boxed_word, text[content:end]))]
+        at = end
+    return "".join(out) + text[at:]
 
 
 def _percent_of(expr: Any, atomic: type) -> bool:

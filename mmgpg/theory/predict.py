@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import brentq
-from scipy.special import expit
+from scipy.special import expit, gammaln
 
 Z_FAR = 60.0  # |logit| beyond which σ is 0 or 1 to double precision and every Ω below is constant
 
@@ -75,30 +75,60 @@ def omega_group(p: float, G: int, advantage: str, std_eps: float, q: float | Non
 
         Ω_G(p) = Σ_{k=1}^{G-1} C(G,k) p^(k-1) (1-p)^(G-k-1) · (k/G)(1-k/G) · s(k)
 
-    (continuous on [0, 1]; ``q = 1 - p`` may be passed to keep precision near 1). GPG: ``Ω_G ≡ 1 - 1/G`` exactly.
+    (continuous on [0, 1]; ``q = 1 - p`` may be passed to keep precision near 1; each term is summed from its
+    logarithm, so ``C(G, k)`` never overflows). GPG: ``Ω_G ≡ 1 - 1/G`` exactly.
     ``omega_group(0.5, 2, "group_zscore", 0)``: only k = 1: ``C(2,1) · ¼ · s(1)``, ``s(1) = 1/sqrt(2 · ¼) = √2`` →
     ``√2/2`` = ``0.70711``.
     """
-    p, q, k, coeff = _terms(p, q, G, advantage, std_eps)
-    return _out(np.sum(coeff * p ** (k - 1) * q ** (G - k - 1), axis=-1))
+    def omega(p, q, k, log_coeff):
+        return np.exp(log_coeff + _xlog(k - 1, p) + _xlog(G - k - 1, q)).sum(axis=-1)
+
+    return _chunked(omega, p, q, G, advantage, std_eps)
 
 
 def omega_group_prime(p: float, G: int, advantage: str, std_eps: float, q: float | None = None) -> float:
     """``dΩ_G/dp`` from the sum above: ``Σ c_k [(k-1) p^(k-2) q^(G-k-1) - (G-k-1) p^(k-1) q^(G-k-2)]``, 0 < p < 1."""
-    p, q, k, coeff = _terms(p, q, G, advantage, std_eps)
-    a = np.where(k >= 2, (k - 1) * p ** np.maximum(k - 2, 0), 0.0) * q ** (G - k - 1)
-    b = np.where(G - k >= 2, (G - k - 1) * q ** np.maximum(G - k - 2, 0), 0.0) * p ** (k - 1)
-    return _out(np.sum(coeff * (a - b), axis=-1))
+    def prime(p, q, k, log_coeff):
+        with np.errstate(divide="ignore"):
+            a = np.exp(log_coeff + np.log(k - 1.0) + _xlog(k - 2, p) + _xlog(G - k - 1, q))  # 0 at k = 1
+            b = np.exp(log_coeff + np.log(G - k - 1.0) + _xlog(k - 1, p) + _xlog(G - k - 2, q))  # 0 at k = G - 1
+        return np.sum(a - b, axis=-1)
+
+    return _chunked(prime, p, q, G, advantage, std_eps)
 
 
-def _terms(p, q, G: int, advantage: str, std_eps: float):
-    """Broadcast p (scalar or array) against k = 1..G-1 with the coefficients C(G,k) (k/G)(1-k/G) s(k)."""
+GROUP_SIZE_MAX = 4096
+"""The largest group the finite-group weights enumerate: each evaluation sums over every success count k = 1..G-1,
+and a fixed-point search evaluates a weight on a grid of 24,001 points (O(G) time each: `mmgpg theory predict` with
+two p_ref values takes about 14 s at this size on a 2-core CPU; the paper's groups have 8 to 16 completions)."""
+CHUNK_ELEMENTS = 1 << 22
+"""The most (p, k) pairs one vectorised step holds (32 MiB per float64 temporary): a grid of p is done in slices."""
+
+
+def check_group_size(G: int) -> None:
+    """A clear error for a group the enumeration cannot handle (below 2, or above :data:`GROUP_SIZE_MAX`)."""
+    if not 2 <= G <= GROUP_SIZE_MAX:
+        raise ValueError(f"rollout.group_size={G}: the success-amplification theory enumerates every success count "
+                         f"of a group, which needs 2 <= G <= {GROUP_SIZE_MAX:,} (O(G) work for each of thousands of "
+                         f"weight evaluations); set rollout.group_size in that range (the weights change by O(1/G) "
+                         "at that size: GPG's is 1 - 1/G)")
+
+
+def _chunked(fn, p, q, G: int, advantage: str, std_eps: float):
+    """``fn(p[..., None], q[..., None], k, log c_k)`` summed over k = 1..G-1 with ``log c_k = log[C(G,k) (k/G)(1-k/G)
+    s(k)]``, for p (scalar or array) in slices of at most :data:`CHUNK_ELEMENTS` (p, k) pairs."""
+    check_group_size(G)
     p = np.asarray(p, dtype=float)
     q = 1.0 - p if q is None else np.asarray(q, dtype=float)
+    p, q = np.broadcast_arrays(p, q)
     k = np.arange(1, G)
-    c = np.array([math.comb(G, int(i)) for i in k], dtype=float)
-    coeff = c * (k / G) * (1 - k / G) * advantage_scale(advantage, G, std_eps)[1:G]
-    return p[..., None], q[..., None], k, coeff
+    log_comb = gammaln(G + 1) - gammaln(k + 1) - gammaln(G - k + 1)
+    log_coeff = log_comb + np.log(k / G) + np.log1p(-k / G) + np.log(advantage_scale(advantage, G, std_eps)[1:G])
+    flat_p, flat_q = p.reshape(-1), q.reshape(-1)
+    step = max(1, CHUNK_ELEMENTS // max(G - 1, 1))
+    out = np.concatenate([fn(flat_p[i:i + step, None], flat_q[i:i + step, None], k, log_coeff)
+                          for i in range(0, flat_p.size, step)]) if flat_p.size else np.zeros(0)
+    return _out(out.reshape(p.shape))
 
 
 def _out(x: np.ndarray):
@@ -240,6 +270,7 @@ def batch_weight(G: int, P: int, advantage: str, std_eps: float) -> Weight:
 def configured_weight(cfg) -> Weight:
     """The finite-group weight of ``algo.advantage``: per group, or per batch for the batch-whitened ones."""
     a, G = cfg.algo, cfg.rollout.group_size
+    check_group_size(G)
     if a.advantage in BATCH_ADVANTAGES:
         return batch_weight(G, cfg.train.prompts_per_step, a.advantage, a.std_eps)
     return group_weight(G, a.advantage, a.std_eps)

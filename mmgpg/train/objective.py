@@ -53,7 +53,7 @@ class Objective:
         loss = algorithms.TOKEN_LOSSES[algo.token_loss]
         self.loss_takes_mask = "mask" in inspect.signature(loss).parameters  # GSPO's per-sequence mean
         self.token_loss_fn = algorithms.bind(loss, clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high,
-                                             cispo_eps_low=algo.cispo_eps_low)
+                                             cispo_eps_low=algo.cispo_eps_low, dual_clip=algo.dual_clip)
 
     # ---- rewards and token counts -----------------------------------------------------------------------------------
 

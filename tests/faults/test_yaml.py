@@ -68,10 +68,18 @@ def test_deep_nesting_is_a_clear_error_not_a_recursion_error():
 
 
 def test_an_oversized_file_is_refused_without_reading_it(tmp_path):
+    # bytes that are not UTF-8: a loader that read the file first would stop at the decoding, not at the size
     path = tmp_path / "big.yaml"
-    path.write_text("a: " + "x" * (YAML_MAX_BYTES + 1) + "\n")
+    path.write_bytes(b"a: " + b"\xff" * (YAML_MAX_BYTES + 1) + b"\n")
     with pytest.raises(ConfigError, match=r"big\.yaml: .*larger than 1 MiB"):
         read_config_tree(path)
+
+
+def test_an_oversized_text_is_refused():
+    """The command line's values and texts read elsewhere go through the same size limit (one byte over)."""
+    with pytest.raises(ConfigError, match=r"the value: The YAML is larger than 1 MiB \(1048577 bytes\)"):
+        read_yaml("a" * (YAML_MAX_BYTES + 1), "the value")
+    assert read_yaml("a" * YAML_MAX_BYTES, "the value") == "a" * YAML_MAX_BYTES
 
 
 def test_syntax_errors_still_name_the_file_and_line(tmp_path):
@@ -111,3 +119,21 @@ def test_an_alias_bomb_in_task_options_gives_a_short_diagnose_error(tmp_path, ca
     assert "config.yaml" in err and "aliases" in err and len(err) < 2000
     with pytest.raises(ConfigError, match="aliases"):
         read_config(Path(run), lenient=True, use_task=False)
+
+
+def test_a_group_file_that_is_not_utf8_names_the_file(tmp_path):
+    (tmp_path / "task").mkdir()
+    (tmp_path / "task" / "bad.yaml").write_bytes(b"name: \xff\xfe shapes\n")
+    with pytest.raises(ConfigError, match=r"task/bad\.yaml: The file is not UTF-8 text \(byte 0xff at offset 6"):
+        resolve(["task=bad"], config_dirs=[tmp_path])
+
+
+def test_a_folder_named_like_a_group_file_is_no_choice(tmp_path, capsys):
+    """``configs/model/x.yaml/`` (a folder) is not listed by ``mmgpg config groups`` and selecting it says what it is."""
+    (tmp_path / "model" / "x.yaml").mkdir(parents=True)
+    (tmp_path / "model" / "mine.yaml").write_text("model:\n  name_or_path: tiny\n")
+    assert main(["config", "groups", "--config-dir", str(tmp_path)]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("model:")][0].split()
+    assert "mine" in listed and "x" not in listed
+    with pytest.raises(ConfigError, match=r"model/x\.yaml is a folder, not a config file\..*Fix: choose one of: "):
+        resolve(["model=x"], config_dirs=[tmp_path])

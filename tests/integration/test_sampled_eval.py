@@ -100,6 +100,32 @@ def test_the_seed_decides_the_samples_and_the_callers_rng_is_left_alone(engine):
     assert len(set(outputs[0][:4])) > 1, "the samples of one problem must differ"
 
 
+class RecordingEngine:
+    """The HF engine, recording each generate call's group size and seed key."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    def generate(self, conversations, group_size, sampling):
+        self.calls.append((len(conversations), group_size, sampling.seed_key, sampling.first_prompt))
+        return self.engine.generate(conversations, group_size, sampling)
+
+
+def test_more_samples_than_the_batch_come_in_pieces_with_their_own_seeds(engine):
+    """K = 7 samples with --batch-size 3: each problem's samples in calls of 3, 3 and 1 sequences (never one call of
+    K · problems), numbered 0..6, each piece with its own request seeds (an engine with per-request seeds would
+    otherwise draw the same samples in every piece)."""
+    recording = RecordingEngine(engine)
+    report = run_evaluation(recording, TextParityCoin(), "test", limit=2, max_new_tokens=6, batch_size=3,
+                            checkpoint="tiny", engine_name="hf", decoding=SampledDecoding(7, 1.0, seed=3))
+    assert [(n, g) for n, g, _, _ in recording.calls] == [(1, 3), (1, 3), (1, 1)] * 2
+    keys = [(key, first) for _, _, key, first in recording.calls]
+    assert keys[:3] == [((3, keys[0][0][1], j), 0) for j in range(3)] and len(set(keys)) == 6
+    recs = report.judged
+    assert [r["sample"] for r in recs] == list(range(7)) * 2 and report.counts["samples"] == 14
+    assert len({r["model_output"] for r in recs[:7]}) > 1
+
+
 _cli = run_mmgpg
 
 

@@ -17,6 +17,8 @@ MODULES = {
     "mmgpg.models.qwen_vl": 1,  # split_media
     "mmgpg.rollout.vllm_channel": 3,
     "mmgpg.rollout.vllm_core": 2,
+    "mmgpg.evaluation.budget": 2,  # sample_units
+    "mmgpg.task.mathjudge": 2,  # final_boxes
 }
 
 

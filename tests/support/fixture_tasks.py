@@ -44,6 +44,19 @@ class SolvedShapes(ShapesTask):
 
 
 @dataclass
+class NearlySolvedShapes(ShapesTask):
+    """Every completion scores 1, plus 0.001 for an odd length: groups differ by at most 0.001 (zero variance under
+    algo.zero_variance_tol=0.01, informative under 0)."""
+
+    name: ClassVar[str] = "nearly_solved_shapes"
+    version: ClassVar[str] = "test"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.rewards = {"accuracy": lambda c, ex: 1.0 + 0.001 * (len(c) % 2)}
+
+
+@dataclass
 class NaNRewardShapes(ShapesTask):
     """A buggy task whose reward is NaN for odd-length completions."""
 

@@ -80,6 +80,15 @@ HAND_WRITTEN: list[tuple[str, str, str]] = [  # (prediction, gold, kind)
     ("final answer: 5", "5", "expr"),
     ("Answer: 17", "17", "expr"),
     ("So the answer is **17**.", "17", "expr"),
+    # issue 40: a self-correction (lighteval keeps the last box), a unit or "percent" as a bare word in math (lighteval
+    # keeps it: 5*c*m, an unparseable 25\\%), symbols in capitals (lighteval's parser keeps their case)
+    ("First \\boxed{(2, 1)}, then correcting: \\boxed{(1, 2)}", "$\\boxed{(1, 2)}$", "latex"),
+    ("First \\boxed{(2, 1)}, then correcting: \\boxed{(1, 2)}", "(1, 2)", "expr"),
+    ("\\boxed{3} \\boxed{5}", "5", "expr"),
+    ("The length is $5 cm$.", "5", "expr"),
+    ("$\\boxed{25 percent}$", "$25\\%$", "latex"),
+    ("The answer is $\\boxed{B}$", "$\\boxed{b}$", "latex"),
+    ("$\\boxed{2X+1}$", "$\\boxed{2x+1}$", "latex"),
 ]
 
 
@@ -212,3 +221,94 @@ def corpus(champ_json: Path | None, *, seed: int = 0, n_procedural: int = 1400, 
     if champ_json is not None:
         items += champ(champ_json, champ_per_problem, seed)
     return [{"id": i, "prediction": p, "gold": g, "kind": k} for i, (p, g, k) in enumerate(items)]
+
+
+# ---- self-corrections and several answers (issue 40) ---------------------------------------------------------------
+
+_UNITS = ["cm", "m", "km", "inches", "feet", "dollars", "units", "degrees", "meters", "hours", "apples", "mph"]
+_BETWEEN = [", then correcting: ", ". Wait, that is wrong; the answer is ", ". Hmm, let me recheck.\n\nActually ",
+            " ", ", ", " and ", " or ", ",\\quad ", "\n\nNo: ", " (not ", ". So "]
+
+
+def _box(rng: random.Random, answer: str) -> str:
+    """One answer in a box, in one of the ways models write it."""
+    form = rng.randrange(7)
+    return [f"$\\boxed{{{answer}}}$", f"\\boxed{{{answer}}}", f"\\[\\boxed{{{answer}}}\\]", f"\\(\\boxed{{{answer}}}\\)",
+            f"$$\\boxed{{{answer}}}$$", f"\\fbox{{{answer}}}", f"$x = \\boxed{{{answer}}}$"][form]
+
+
+def _several(rng: random.Random, right: str, wrong: str) -> tuple[str, str | None]:
+    """``(prediction, final)``: an output with several answers, and the answer it states last in a box after its
+    reasoning (None when every box is inside ``<think>``)."""
+    form = rng.randrange(14)
+    first, last = (wrong, right) if rng.random() < 0.7 else (right, wrong)
+    between = rng.choice(_BETWEEN)
+    if form == 0:  # a self-correction: two boxes
+        return f"First {_box(rng, first)}{between}{_box(rng, last)}.", last
+    if form == 1:  # the box inside <think>, the final one after it
+        return (f"<think>\nI guess {_box(rng, first)}.{between}maybe not.\n</think>\n"
+                f"Therefore, the final answer is: $\\boxed{{{last}}}$. I hope it is correct", last)
+    if form == 2:  # only inside <think>: nothing after it
+        return f"<think>\nSo {_box(rng, first)}{between}{_box(rng, last)}\n</think>\n", None
+    if form == 3:  # "the final answer is" with no box after a boxed guess
+        return f"Guess: {_box(rng, first)}.\nTherefore, the final answer is ${last}$. I hope it is correct.", first
+    if form == 4:  # inline math after the box
+        return f"So {_box(rng, first)}, that is ${last}$ in lowest terms.", first
+    if form == 5:  # three boxes, the middle one repeated
+        return f"{_box(rng, first)}{between}{_box(rng, last)}{rng.choice(_BETWEEN)}{_box(rng, last)}", last
+    if form == 6:  # the same box twice
+        return f"{_box(rng, last)} and again {_box(rng, last)}", last
+    if form == 7:  # a final-answer line, then a correction after it
+        return f"The final answer is ${first}$.\n\nWait: {_box(rng, last)}", last
+    if form == 8:  # several answers in one box, joined by a word
+        joiner = rng.choice([" and ", " or ", ", ", "\\text{ and }", "\\text{ or }", "; "])
+        return f"The solutions are $\\boxed{{{first}{joiner}{last}}}$.", f"{first}{joiner}{last}"
+    if form == 9:  # an answer line with inline math, then a box
+        return f"Answer: ${first}$. Double-checking, {_box(rng, last)}", last
+    if form == 10:  # boxes right next to each other
+        return f"\\boxed{{{first}}}\\boxed{{{last}}}", last
+    if form == 11:  # a long correction between the boxes
+        return (f"{_box(rng, first)}\n\n" + "Let me verify this. " * rng.randrange(1, 5) + f"Fixed: {_box(rng, last)}",
+                last)
+    if form == 12:  # R1 style: think, answer tags
+        return f"<think>\n{_box(rng, first)}{between}\n</think>\n<answer>\n{_box(rng, last)}\n</answer>", last
+    return f"**Final Answer**\n{_box(rng, first)}{between}**Final Answer**\n{_box(rng, last)}", last
+
+
+def _unit_word(rng: random.Random) -> tuple[str, str, str, str | None]:
+    """``(prediction, gold latex, gold bare, final)``: a unit or ``percent`` written as a bare word inside math."""
+    n = rng.randrange(1, 200)
+    unit = rng.choice(_UNITS + ["percent", "percent", "\\%"])
+    form = rng.randrange(6)
+    answer, final = [(f"${n} {unit}$", None), (f"$\\boxed{{{n} {unit}}}$", f"{n} {unit}"),
+                     (f"\\boxed{{{n}\\ {unit}}}", f"{n}\\ {unit}"), (f"$\\boxed{{{n}{unit}}}$", f"{n}{unit}"),
+                     (f"The answer is ${n}\\text{{ {unit}}}$", None),
+                     (f"$\\boxed{{{n} \\text{{{unit}}}}}$", f"{n} \\text{{{unit}}}")][form]
+    prediction = rng.choice([f"So it is {answer}.", f"Therefore, the final answer is: {answer}. I hope it is correct",
+                             answer])
+    gold = f"{n}\\%" if "percent" in unit or "%" in unit else str(n)
+    return prediction, gold, str(n), final
+
+
+def self_corrections(n: int, seed: int) -> list[tuple[str, str, str, str | None]]:
+    """``n`` seeded items ``(prediction, gold, kind, final)`` of the forms the authors' metric sees from reasoning
+    models: several boxes (self-corrections, repeats, boxes side by side, joined by and/or/commas), boxes inside
+    ``<think>``, "Therefore, the final answer is" lines, inline math after a box, R1-style ``<answer>`` tags, and
+    units or ``percent`` written as bare words inside math. ``final`` is the answer the output states last in a box
+    after its reasoning (None when there is none), which the ``strict`` protocol must read."""
+    rng = random.Random(seed)
+    out: list[tuple[str, str, str, str | None]] = []
+    while len(out) < n:
+        if rng.random() < 0.12:
+            prediction, latex, bare, final = _unit_word(rng)
+            kind = rng.choice(["latex", "expr"])
+            out.append((prediction, _gold(rng, latex, bare, kind), kind, final))
+            continue
+        latex, bare, renders = _number(rng)
+        wrong_latex, _, _ = _number(rng)
+        right = rng.choice(renders[:2])
+        wrong = rng.choice([wrong_latex, renders[-1]])
+        prediction, final = _several(rng, right, wrong)
+        kind = rng.choice(["latex", "expr"])
+        out.append((prediction, _gold(rng, latex, bare, kind), kind, final))
+    return out

@@ -434,12 +434,12 @@ def test_reinforce_pp_baseline_matches_verl_with_global_statistics_only():
     assert (_tokens(per_rank, mask) - want).abs().max() > 0.1
 
 
-def _verl_policy_loss(name: str, agg: str, logp, old, adv, mask, low: float, high: float):
+def _verl_policy_loss(name: str, agg: str, logp, old, adv, mask, low: float, high: float, **extra):
     C = _verl()
     from verl.workers.config import ActorConfig
 
     cfg = ActorConfig(strategy="fsdp", clip_ratio=low, clip_ratio_low=low, clip_ratio_high=high,
-                      ppo_micro_batch_size_per_gpu=1, rollout_n=1)
+                      ppo_micro_batch_size_per_gpu=1, rollout_n=1, **extra)
     leaf = logp.detach().clone().requires_grad_(True)
     loss, _ = getattr(C, f"compute_policy_loss_{name}")(old, leaf, adv[:, None].expand_as(logp), mask.to(logp.dtype),
                                                         agg, cfg)
@@ -468,6 +468,40 @@ def test_dapo_gspo_token_and_cispo_match_verl():
     got = _loss_and_grad(cispo_token_loss, "token_mean", logp, adv, mask, old_logp=old, clip_eps_high=4.0,
                          cispo_eps_low=0.2)
     for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=TRL_TOL, rtol=0)
+
+
+def test_dual_clip_by_hand():
+    # eps 0.2, C = 3: A = -1, rho = 5: the clip gives -min(-5, -1.2) = 5, capped at -C A = 3; rho = 2: 2 < 3 stays;
+    # A = -2, rho = 4: -min(-8, -2.4) = 8 -> 6; A = +1, rho = 5: -min(5, 1.2) = -1.2, no cap for A > 0
+    logp = torch.zeros(1, 4, dtype=torch.float64, requires_grad=True)
+    old = -torch.log(torch.tensor([[5.0, 2.0, 4.0, 5.0]], dtype=torch.float64))
+    adv = torch.tensor([[-1.0, -1.0, -2.0, 1.0]], dtype=torch.float64)
+    loss = clipped_ratio_token_loss(logp, adv, old, clip_eps=0.2, dual_clip=3.0)
+    assert loss[0].tolist() == pytest.approx([3.0, 2.0, 6.0, -1.2], abs=1e-12)
+    assert clipped_ratio_token_loss(logp, adv, old, clip_eps=0.2)[0].tolist() == pytest.approx([5.0, 2.0, 8.0, -1.2])
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    # d/dlogp of -A rho = -A rho: token 2 (rho = 2, A = -1) -> 2; capped or clipped tokens -> 0
+    assert g[0].tolist() == pytest.approx([0.0, 2.0, 0.0, 0.0], abs=1e-12)
+
+
+def test_dual_clip_matches_verl_and_verls_default_differs_from_none():
+    """verl's vanilla policy loss applies dual clip with clip_ratio_c = 3 by default: mmgpg's clipped_ratio with
+    dual_clip=3 equals it (loss and gradient) on ratios up to 8; without dual clip mmgpg equals verl only when verl's
+    C is out of reach, and differs from verl's default on this batch."""
+    logp, old, adv, mask = _ratio_batch(9, 32, 8, 0.3, 8.0)
+    ratio = (logp - old).exp()
+    assert ((ratio > 3) & (adv[:, None] < 0) & mask).sum() >= 10  # the cap acts on some tokens
+    want = _verl_policy_loss("vanilla", "token-mean", logp, old, adv, mask, 0.2, 0.28)  # verl's default C = 3
+    got = _loss_and_grad(clipped_ratio_token_loss, "token_mean", logp, adv, mask, old_logp=old, clip_eps=0.2,
+                         clip_eps_high=0.28, dual_clip=3.0)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=TRL_TOL, rtol=0)
+    off = _loss_and_grad(clipped_ratio_token_loss, "token_mean", logp, adv, mask, old_logp=old, clip_eps=0.2,
+                         clip_eps_high=0.28)
+    assert abs(off[0] - want[0]) > 1e-3
+    unreachable = _verl_policy_loss("vanilla", "token-mean", logp, old, adv, mask, 0.2, 0.28, clip_ratio_c=1e9)
+    for a, b in zip(off, unreachable):
         torch.testing.assert_close(a, b, atol=TRL_TOL, rtol=0)
 
 

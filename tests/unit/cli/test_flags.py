@@ -37,6 +37,9 @@ BAD = [
     (["probe", "tiny", "--batch-prompts", "0"], "--batch-prompts", "from 1"),
     (["probe", "tiny", "--step", "-1"], "--step", "from 0"),
     (["probe", "tiny", "--success-threshold", "inf"], "--success-threshold", "finite"),
+    (["model", "tiny", "--out", "X", "--seed", str(2**70)], "--seed", "from 0 to 4294967295"),  # was an Overflow
+    (["demo", "--seed", "-1"], "--seed", "from 0 to 4294967295"),
+    (["eval", "--task", "shapes", "--ckpt", "tiny", "--samples", "2", "--seed", str(2**32)], "--seed", "from 0"),
 ]
 
 
@@ -60,3 +63,19 @@ def test_the_range_types_by_hand():
                         (float_in(0, 1), "-inf"), (float_in(0, 1), "x")):
         with pytest.raises(Exception, match="must be"):
             parse(text)
+
+
+def test_a_seed_past_32_bits_is_a_config_error_before_training(capsys):
+    """``seed=2^70`` passed ``config show`` and failed in training ("Overflow when unpacking long long")."""
+    assert main(["config", "show", f"seed={2**70}"]) == 2
+    err = capsys.readouterr().err
+    assert f"seed: got {2**70}. Seeds are whole numbers from 0 to 2^32 - 1 = 4294967295" in err
+    assert main(["config", "show", f"seed={2**32 - 1}"]) == 0
+
+
+@pytest.mark.parametrize("where", ["/nonexistent/dir", "./no/such/dir"])
+def test_plan_of_a_missing_model_directory_says_so(where, capsys):
+    """Not the hub's repo-id rule ("Repo id must be in the form 'repo_name' or 'namespace/repo_name'")."""
+    assert main(["plan", f"model.name_or_path={where}", "--gpus", "1", "--gpu-memory-gb", "80"]) == 2
+    err = capsys.readouterr().err
+    assert f"model directory {where!r} does not exist" in err and "Repo id" not in err and "Traceback" not in err

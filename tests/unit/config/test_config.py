@@ -200,6 +200,9 @@ def test_every_algo_file_resolves_and_validates(name):
     (["algo.token_loss=cispo", "algo.clip_eps_high=4"], "algo.updates_per_batch", "the CISPO weight is exactly 1"),
     (["algo.token_loss=clipped_ratio", "algo.clip_eps_high=0.28"], "algo.updates_per_batch", "never acts"),
     (["algo.advantage=reinforce_pp", "algo.alpha_correction=true"], "algo.alpha_correction", "carry gradient"),
+    (["algo.dual_clip=3"], "algo.dual_clip", "caps clipped_ratio's loss"),  # reinforce has no ratio
+    (["algo.token_loss=clipped_ratio", "algo.dual_clip=1", "algo.updates_per_batch=2"], "algo.dual_clip", "C > 1"),
+    (["algo.token_loss=clipped_ratio", "algo.dual_clip=3"], "algo.updates_per_batch", "nor does dual_clip"),
     (["algo.overlong_buffer_fraction=1.0"], "algo.overlong_buffer_fraction", "below L_max"),
     (["algo.overlong_buffer_fraction=0.01", "rollout.max_new_tokens=12"], "algo.overlong_buffer_fraction",
      "at least one token"),
@@ -209,6 +212,15 @@ def test_baseline_keys_that_cannot_act_are_problems(overrides, key, words):
         resolve(overrides)
     problems = [p for p in err.value.problems if p.key == key]
     assert problems and any(words in p.why for p in problems), [str(p) for p in err.value.problems]
+
+
+@pytest.mark.parametrize(("override", "key"), [("rollout.logprob_check_mean=0", "rollout.logprob_check_mean"),
+                                               ("rollout.logprob_check_max=-0.5", "rollout.logprob_check_max")])
+def test_a_post_sync_limit_at_or_below_zero_is_a_problem(override, key):
+    with pytest.raises(ConfigError) as err:
+        resolve([override])
+    assert [p.key for p in err.value.problems] == [key] and "is > 0" in err.value.problems[0].why
+    assert resolve([override.split("=")[0] + "=0.01"]).config.rollout  # a positive limit is fine
 
 
 def test_off_policy_methods_validate_with_two_updates():

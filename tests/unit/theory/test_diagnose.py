@@ -181,6 +181,40 @@ def test_diagnose_errors(tmp_path, capsys):
     assert "prompt_success.jsonl:2" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("success", ["no", "no", "no", "no"], "'success' must be a list of 4 values, each 0 or 1"),  # bool("no") is True
+    ("success", [0.5, 1, 0, 1], "each 0 or 1"),
+    ("success", [2, 1, 0, 1], "each 0 or 1"),
+    ("group_size", 0, "'group_size' must be at least 1"),
+])
+def test_diagnose_refuses_success_records_it_would_misread(tmp_path, capsys, field, value, message):
+    """A success list of strings used to count as all successes (rc 0, a silent wrong result): every bad record is
+    an error naming the file, the line and the field, rc 2."""
+    run = tmp_path / "run"
+    write_synthetic_run(run, {"a": 0.5, "b": 0.5, "c": 0.5, "d": 0.5}, steps=2)
+    lines = (run / "prompt_success.jsonl").read_text().splitlines()
+    bad = {**json.loads(lines[2]), field: value}
+    (run / "prompt_success.jsonl").write_text("\n".join([*lines[:2], json.dumps(bad), *lines[3:]]) + "\n")
+    assert main(["diagnose", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "prompt_success.jsonl:3: " in err and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("record", "message"), [
+    ({"samples": 0, "successes": 0}, "'samples' must be at least 1"),  # was a ZeroDivisionError
+    ({"samples": 4, "successes": 5}, "successes must lie in [0, samples]; got 5 of 4"),
+    ({"samples": "64", "successes": 3}, "'samples' must be int; got '64'"),
+])
+def test_diagnose_refuses_a_bad_probe_record(tmp_path, capsys, record, message):
+    run = tmp_path / "run"
+    write_synthetic_run(run, {"a": 0.5, "b": 0.5, "c": 0.5, "d": 0.5}, steps=2)
+    with open(run / "probe_success.jsonl", "a") as f:
+        f.write(json.dumps({"step": 0, "prompt_id": "a", "split": "train", **record}) + "\n")
+    assert main(["diagnose", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "probe_success.jsonl:5: " in err and message in err and "Traceback" not in err
+
+
 TINY = ["model=tiny", "rollout.group_size=4", "rollout.max_new_tokens=12", "train.prompts_per_step=4",
         "train.micro_batch_prompts=2", "train.learning_rate=1e-3", "train.progress=false", "train.tensorboard=false"]
 

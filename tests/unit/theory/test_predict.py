@@ -50,6 +50,36 @@ def test_weights_by_hand():
         assert omega_group_prime(0.3, 8, adv, 1e-4) == pytest.approx(num, rel=1e-6)
 
 
+def test_large_groups_are_summed_in_log_space_and_bounded(monkeypatch, capsys):
+    """C(G, k) overflowed a float above G = 1029 (an OverflowError traceback); G = 10^6 ran without bound and 10^11
+    tried to allocate 745 GiB. Now the terms are summed from their logarithms up to GROUP_SIZE_MAX, a grid of p is
+    done in slices, and larger groups are a clear error."""
+    from fractions import Fraction
+
+    from mmgpg.theory import predict as P
+
+    # GPG: Omega_G = 1 - 1/G exactly, RLOO: 1 (hand formulas), at sizes whose C(G, k) exceed a float
+    for G in (1100, 4096):
+        assert omega_group(0.3, G, "group_mean", 1e-4) == pytest.approx(1 - 1 / G, rel=1e-10)
+        assert omega_group(0.9, G, "rloo", 0.0) == pytest.approx(1.0, rel=1e-10)
+    # z-score at G = 64 against exact rational enumeration of the sum (s(k) in floating point)
+    G, p = 64, Fraction(3, 10)
+    s = advantage_scale("group_zscore", G, 1e-4)
+    exact = sum(math.comb(G, k) * p ** (k - 1) * (1 - p) ** (G - k - 1) * Fraction(k, G) * (1 - Fraction(k, G))
+                * Fraction(float(s[k])) for k in range(1, G))
+    assert omega_group(0.3, G, "group_zscore", 1e-4) == pytest.approx(float(exact), rel=1e-12)
+    # a grid done in slices of 3 (p, k) pairs equals the grid done at once and each point alone
+    grid = [0.0, 0.2, 0.5, 0.7, 1.0]
+    whole = omega_group_prime(grid, 8, "group_stabilized", 1e-4)
+    monkeypatch.setattr(P, "CHUNK_ELEMENTS", 3)
+    assert omega_group_prime(grid, 8, "group_stabilized", 1e-4).tolist() == whole.tolist()
+    assert [omega_group_prime(x, 8, "group_stabilized", 1e-4) for x in grid] == pytest.approx(whole, rel=1e-14)
+    for G in (4097, 10**6, 10**11):  # 4097 first: without the bound it runs (and this fails) in seconds
+        assert main(["theory", "predict", f"rollout.group_size={G}", "--p-ref", "0.2", "algo.kl_coef=0.04"]) == 2
+        err = capsys.readouterr().err
+        assert f"rollout.group_size={G}: " in err and "2 <= G <= 4,096" in err and "Traceback" not in err
+
+
 def test_probabilities_by_hand():
     assert zero_variance_probability(0.5, 2) == 0.5
     assert zero_variance_probability(0.1, 3) == pytest.approx(0.001 + 0.729, abs=1e-15)
