@@ -241,6 +241,14 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
                 with_fixes: bool = True) -> Plan:
     """The per-GPU memory of ``cfg`` (a :class:`mmgpg.config.Config`) on ``gpus`` x ``nodes`` GPUs."""
     check_setup(backend, zero_stage, offload, gpus, nodes, gpu_memory_gb)
+    from mmgpg.models import family as family_spec
+
+    spec = family_spec(shape.family)
+    if not spec.planned_layers:
+        raise ValueError(f"mmgpg plan does not model the {spec.title} decoder layers' activations: its formula was "
+                         "measured on Qwen2's layer and under-counts other layers (Qwen3's q/k norms +16 %, a Qwen3 MoE "
+                         "layer about +50 %, a Qwen3.5 linear-attention layer 2.6x, on tiny models); the family's "
+                         "Family.planned_layers is False. Measure its layer as tests/unit/backends/test_memory.py does")
     m, r, t = cfg.model, cfg.rollout, cfg.train
     world = gpus * nodes
     if backend == "deepspeed":

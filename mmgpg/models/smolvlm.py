@@ -16,7 +16,7 @@ from mmgpg.models.tiny import TINY, Dims, build_family_tokenizer, check_choice, 
 
 GRID = tuple(f"<row_{r}_col_{c}>" for r in range(1, 5) for c in range(1, 5))
 SMOLVLM = Family(
-    "smolvlm", "SmolVLM2", policy="mmgpg.models.generic:ImageTextPolicy", tiny="mmgpg.models.smolvlm",
+    "smolvlm", "SmolVLM2", vllm=True, policy="mmgpg.models.generic:ImageTextPolicy", tiny="mmgpg.models.smolvlm",
     example="HuggingFaceTB/SmolVLM2-2.2B-Instruct", vision_module="model.vision_model",
     suppressed_tokens=("<fake_token_around_image>", "<image>", "<global-img>", "<video>") + GRID + tuple(
         f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7) if r > 4 or c > 4),

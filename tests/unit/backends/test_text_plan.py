@@ -88,3 +88,13 @@ def test_cli_plan_prints_no_vision_rows(dirs, capsys):
     main(["plan", f"model.name_or_path={dirs['text']}", "--gpus", "1", "--gpu-memory-gb", "80", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert data["model"]["family"] == "qwen2" and "activations_vision" not in data["per_gpu_bytes"]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_vl", "qwen3_5", "gemma3"])
+def test_layers_the_planner_has_not_measured_are_refused_not_guessed(family, capsys):
+    """The decoder-layer formula was measured on Qwen2's layer; another family's layers (Qwen3's q/k norms, MoE,
+    linear attention, Gemma's) are refused with the reason, even with a frozen vision tower, and no plan is printed."""
+    rc = main(["plan", f"model.name_or_path=tiny:{family}", "train.freeze_vision=true" if family != "qwen3" else
+               "train.max_steps=1", "--gpus", "1", "--gpu-memory-gb", "80"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "does not model the" in err and "decoder layers" in err and "planned_layers" in err
