@@ -27,14 +27,15 @@ def cmd_sft(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from mmgpg.train.demo import demo_settings, run_demo
+    from mmgpg.train.demo import check_demo_model, demo_settings, run_demo
     from mmgpg.utils import console
 
     settings = demo_settings(args.text, output=args.output or "", seed=args.seed, sft_steps=args.sft_steps,
                              gpg_steps=args.gpg_steps, eval_limit=args.eval_limit, eval_every=args.eval_every,
                              prompts_per_step=args.prompts_per_step, algo=args.algo, threads=args.threads,
                              sft_lr=args.sft_lr, gpg_lr=args.lr, lr_scheduler=args.lr_scheduler,
-                             overrides=tuple(args.set), rl_overrides=tuple(args.rl_set))
+                             overrides=tuple(args.set), rl_overrides=tuple(args.rl_set), model=args.model or "")
+    check_demo_model(settings.model, settings.text)  # before anything is built
     if args.quick:
         settings.sft_steps, settings.gpg_steps, settings.eval_limit, settings.eval_every = 4, 2, 8, 1
         settings.eval_samples = 2
@@ -69,6 +70,8 @@ def register(sub) -> None:
     p.add_argument("--text", action="store_true",
                    help="the text demo: model=tiny_qwen2 (text-only Qwen2) on task=arith instead of Qwen2-VL on shapes")
     p.add_argument("--output", help="run directory (default runs/demo-<time>)")
+    p.add_argument("--model", metavar="FAMILY",
+                   help="the tiny model's family, e.g. qwen3_vl (or qwen3 with --text); default Qwen2-VL (Qwen2)")
     p.add_argument("--seed", type=seed_flag, default=d.seed)
     p.add_argument("--sft-steps", type=int, help=default("sft_steps"))
     p.add_argument("--gpg-steps", type=int, help="RL steps (" + default("gpg_steps") + ")")

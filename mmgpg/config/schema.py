@@ -90,7 +90,8 @@ class RolloutConfig:
     """Server mode: folder both processes see for the weights of each sync; empty = a new one under /dev/shm."""
     vllm_sync_channel: Literal["dist", "files"] = "dist"
     """Server mode: how each sync reaches the server. dist = trainer rank 0 broadcasts the weights over a
-    torch.distributed group of its own with the server (gloo on CPU, nccl on GPU); files = a safetensors file in
+    gloo group of its own with the server (gloo on CPU and on GPU alike: the weights cross through host memory; no
+    NCCL channel yet); files = a safetensors file in
     rollout.vllm_sync_dir, reloaded by the server (docs/distributed.md, "vLLM weight sync")."""
     vllm_sync_bucket_mb: float = 256.0
     """Most MiB of weights per transfer of a sync (one vLLM load call; one broadcast in server mode): bounds the extra

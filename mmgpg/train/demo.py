@@ -43,6 +43,9 @@ class DemoSettings:
     """Overrides for the RL stage only (e.g. model.lora.rank=8: LoRA on the SFT-warm-started model)."""
     text: bool = False
     """The text demo: model=tiny_qwen2 on task=arith instead of model=tiny on task=shapes."""
+    model: str = ""
+    """The tiny model's family (``model.name_or_path=tiny:<model>``: e.g. qwen3_vl, or qwen3 with ``text``); empty:
+    Qwen2-VL (the text demo: Qwen2). The settings are the Qwen2 demos'; docs/demo.md has the runs of each."""
 
 
 # What each demo trains on: (task, model, max new tokens, what an evaluation item is, chance accuracy).
@@ -60,6 +63,20 @@ def demo_settings(text: bool = False, **given) -> DemoSettings:
     return DemoSettings(text=text, **base)
 
 
+def check_demo_model(model: str, text: bool) -> None:
+    """A ``--model`` the demo can build: a registered family that takes images (the VL demo) or a text-only one
+    (``--text``); anything else is a ValueError naming the choices."""
+    if not model:
+        return
+    from mmgpg.models import FAMILIES
+
+    choices = [n for n in FAMILIES if FAMILIES[n].takes_images != text]
+    if model not in choices:
+        kind = "text-only" if text else "vision-language"
+        raise ValueError(f"--model {model!r}: the {'text ' if text else ''}demo needs a {kind} model family; choose "
+                         "one of " + ", ".join(choices))
+
+
 def run_demo(s: DemoSettings, console=None) -> dict:
     import torch
 
@@ -70,13 +87,15 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     from mmgpg.train.sft import SFTTrainer
     from mmgpg.train.trainer import Trainer
 
+    check_demo_model(s.model, s.text)
     if s.threads:
         torch.set_num_threads(s.threads)
     say = console.print if console is not None else print
     out = run_dir_path(s.output or "", "demo")
     task, model, max_new_tokens, items, chance = TEXT_SETUP if s.text else VL_SETUP
     common = [f"task={task}", f"model={model}", f"seed={s.seed}", f"rollout.max_new_tokens={max_new_tokens}", "device=cpu",
-              f"train.eval_limit={s.eval_limit}", f"task.num_test={max(s.eval_limit, 1)}", *s.overrides]
+              f"train.eval_limit={s.eval_limit}", f"task.num_test={max(s.eval_limit, 1)}",
+              *([f"model.name_or_path=tiny:{s.model}"] if s.model else []), *s.overrides]
     t0 = time.perf_counter()
 
     say(f"[bold]1/3 SFT warm start[/bold]: {s.sft_steps} steps of 32 gold answers, lr {s.sft_lr}")

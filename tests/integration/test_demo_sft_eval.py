@@ -102,3 +102,17 @@ def test_sampled_scores_average_over_samples(tiny_dirs):
     assert abs(scores["accuracy"] * 12 - round(scores["accuracy"] * 12)) < 1e-9
     with pytest.raises(ValueError):
         sampled_scores(HFEngine(policy), task, items, samples=0)
+
+
+def test_demo_quick_on_another_family_and_bad_families(tmp_path):
+    """``--model qwen3_vl`` runs the same stages on a tiny Qwen3-VL (its SFT checkpoint is a Qwen3-VL); a family of
+    the wrong kind is refused before anything is built."""
+    out = tmp_path / "demo"
+    text = mmgpg("demo", "--quick", "--model", "qwen3_vl", "--output", str(out)).stdout
+    assert "| after gpg (2 steps) |" in text
+    config = json.loads(next((out / "sft").rglob("config.json")).read_text())
+    assert config["model_type"] == "qwen3_vl"
+    for args, want in ((["--model", "qwen3"], "needs a vision-language model family"),
+                       (["--text", "--model", "qwen3_vl"], "needs a text-only model family")):
+        proc = mmgpg("demo", "--quick", *args, "--output", str(tmp_path / "no"), check=False)
+        assert proc.returncode != 0 and want in proc.stderr and not (tmp_path / "no").exists()
