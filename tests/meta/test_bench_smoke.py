@@ -89,6 +89,25 @@ def test_profile_step_and_padding_benches_run(tmp_path):
     assert padding["packed"] == 0 < padding["length-ordered"] <= padding["rollout order"]
 
 
+def test_families_bench_runs_and_refuses_what_an_engine_does_not_serve(tmp_path):
+    """bench/families.py: a text and a vision-language family, 2 GPG steps each (the first a warm-up), one table row
+    each with positive times and tokens/s and every phase's peak RSS; a family the vLLM engine does not serve is
+    refused by name."""
+    out = tmp_path / "families.md"
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "families.py"), "--families", "qwen3,qwen3_vl",
+                           "--steps", "2", "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in out.read_text().splitlines() if line.startswith("| qwen3")]
+    assert [line.split("|")[1].strip() for line in lines] == ["qwen3", "qwen3_vl"]
+    for line in lines:
+        cells = [c.strip() for c in line.split("|")[3:-1]]
+        assert all(float(c) > 0 for c in cells), line
+    assert "peak RSS rollout MiB" in out.read_text() and "load average" in out.read_text()
+    proc = subprocess.run([sys.executable, str(REPO / "bench" / "families.py"), "--engine", "vllm", "--families",
+                           "gemma3"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode != 0 and "not a family the vllm engine runs: gemma3" in proc.stderr
+
+
 def _gpu_acceptance():
     import importlib.util
 
