@@ -56,16 +56,17 @@ def model_shape(path: str, lora=None) -> ModelShape:
     )
     from mmgpg.models.tiny import count_parameters
 
+    hint = ("The planner needs only its config.json: pass a local directory as model.name_or_path=DIR (a downloaded "
+            "checkpoint, or the real dimensions without weights: mmgpg model tiny --size shape_true --config-only "
+            "--out DIR).")
     path = resolve_model_path(path)
-    check_model_source(path, need_weights=False)  # a local path that is no model folder says so, not the hub's rule
-    try:
+    try:  # a local path that is no model folder says so, not the hub's rule
+        check_model_source(path, need_weights=False)
         config = read_model_config(path)
+    except FileNotFoundError as err:
+        raise ValueError(f"{str(err).rstrip('.')}. {hint}") from None
     except OSError as err:
-        raise ValueError(
-            f"could not read the config of model {path!r} ({str(err).splitlines()[0]}). The planner needs only its "
-            "config.json: pass a local directory as model.name_or_path=DIR (a downloaded checkpoint, or the real "
-            "dimensions without weights: mmgpg model tiny --size shape_true --config-only --out DIR)."
-        ) from None
+        raise ValueError(f"could not read the config of model {path!r} ({str(err).splitlines()[0]}). {hint}") from None
     auto = auto_model_class(config.model_type, repr(path))  # an unsupported model_type is a clear error here
     with torch.device("meta"):
         model = no_remote_code(auto.from_config, config)
