@@ -15,7 +15,8 @@ of each step after the first (a warm-up: vLLM's engine start and compilation, fi
 * rollout s and completion tokens/s of the rollout phase (``time/rollout``; the step's tokens from
   ``throughput/completion_tokens_per_s``);
 * update s (``time/update``: the reference's and the policy's log-probs, backward, optimizer step);
-* peak RSS MiB of each phase (``memory/*_rss_mib``: the process's resident set at the phase's peak).
+* peak RSS MiB of each phase (``memory/*_rss_mib``: the process's resident set at the phase's peak; each family runs
+  in a process of its own).
 
 Tiny models make the families' fixed costs visible (processor, vision tower, Python per token) rather than their
 arithmetic; the ratio between the two engines on the same family is the number to read, not absolute times. The
@@ -25,8 +26,10 @@ machine load is printed beside the table.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -89,6 +92,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="GPG steps per family; the first is a warm-up")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", help="also write the table (markdown) here")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one family in this process, print JSON
     args = ap.parse_args()
     if args.threads:
         import torch
@@ -99,12 +103,20 @@ def main() -> None:
     unknown = [f for f in names if f not in FAMILIES or (args.engine == "vllm" and not FAMILIES[f].vllm)]
     if unknown:
         sys.exit(f"bench/families.py: not a family the {args.engine} engine runs: {', '.join(unknown)}")
+    if args.one:  # a child: one family, its result as JSON on the last line
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(run_family(args.one, args.engine, args.steps, Path(tmp))))
+        return
     load = os.getloadavg()
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for family in names:
-            print(f"{family} ...", flush=True)
-            results.append(run_family(family, args.engine, args.steps, Path(tmp)))
+    for family in names:  # each family in a process of its own: its RSS is its own, not the peak of those before it
+        print(f"{family} ...", flush=True)
+        cmd = [sys.executable, __file__, "--one", family, "--engine", args.engine, "--steps", str(args.steps),
+               "--threads", str(args.threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"bench/families.py: {family} failed:\n{proc.stderr[-3000:]}")
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     text = (f"{table(results)}\n\nmachine: {os.cpu_count()} CPUs, load average before {load[0]:.2f}, after "
             f"{os.getloadavg()[0]:.2f}; {args.steps - 1} measured steps per family (medians; tokens/s over all)\n")
     print(text)
