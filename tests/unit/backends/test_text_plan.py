@@ -98,3 +98,12 @@ def test_layers_the_planner_has_not_measured_are_refused_not_guessed(family, cap
                "train.max_steps=1", "--gpus", "1", "--gpu-memory-gb", "80"])
     err = capsys.readouterr().err
     assert rc != 0 and "does not model the" in err and "decoder layers" in err and "planned_layers" in err
+
+
+def test_check_with_gpus_warns_about_an_unplanned_family_and_runs_the_rest(capsys):
+    """``mmgpg check --gpus`` on a family the planner refuses: the memory row is a warning naming why, every other
+    check still runs, and the exit code is 0."""
+    rc = main(["check", "task=arith", "model.name_or_path=tiny:qwen3", "--examples", "1", "--gpus", "1",
+               "--gpu-memory-gb", "80"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "not planned" in out and "gold answer" in out and "1 warning(s)" in out
