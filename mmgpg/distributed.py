@@ -42,6 +42,18 @@ def setup(device_type: str) -> DistInfo:
     return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def finish(clean: bool = True) -> None:
+    """Tear the process group down at the end of a command. ``clean``: every rank got here, so a barrier first lets
+    no rank leave while another still talks to it. A rank that exits with the group alive may abort in the gloo
+    threads' destructors ("terminate called without an active exception", SIGABRT after the work was done); after
+    an error the barrier is skipped (the other ranks may never reach it)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if clean and dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def current() -> DistInfo:
     if dist.is_available() and dist.is_initialized():
         return DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))

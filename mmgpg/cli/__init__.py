@@ -43,12 +43,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not hasattr(args, "overrides") or any(a.startswith("-") or "=" not in a for a in extra):
             parser.error("unrecognized arguments: " + " ".join(extra))
         args.overrides = [*args.overrides, *extra]
+    clean = False
     try:
-        return _run(args)
+        code = _run(args)
+        clean = code == 0
+        return code
     finally:
         if argv is None:  # a real process (console script, python -m mmgpg): the work is done or given up, so a
             # late Ctrl-C during interpreter shutdown must not print a KeyboardInterrupt traceback
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            if "torch.distributed" in sys.modules:  # (--help imports no torch; in-process callers, e.g. tests,
+                from mmgpg import distributed  # keep their own process group)
+
+                distributed.finish(clean)
 
 
 def _run(args) -> int:

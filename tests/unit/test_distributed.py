@@ -178,6 +178,28 @@ def test_collection_stops_on_the_global_valid_fraction(tmp_path, min_valid, max_
         assert sorted(got["in_update"]) == sorted(got["update"])
 
 
+def _finish_worker(rank: int, world: int, init_file: str, out: str) -> None:
+    from mmgpg import distributed
+
+    _init(rank, world, init_file)
+    if rank == 0:  # rank 0 still writes (as `mmgpg eval`'s rank 0 does) while rank 1 is done
+        import time
+
+        time.sleep(1.0)
+        Path(out, "written").write_text("x")
+    distributed.finish()
+    assert not dist.is_initialized()
+    Path(out, f"left{rank}").write_text(str(Path(out, "written").exists()))
+
+
+@pytest.mark.distributed
+def test_finish_lets_no_rank_leave_before_the_others(tmp_path):
+    """`distributed.finish` (end of every command): a barrier, then the group is destroyed, so no rank exits while
+    another still works (a rank leaving with the gloo group alive aborted in CI after the eval had been written)."""
+    mp.spawn(_finish_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    assert [(tmp_path / f"left{r}").read_text() for r in (0, 1)] == ["True", "True"]
+
+
 @pytest.mark.distributed
 def test_mmgpg_train_under_torchrun(tmp_path):
     """The CLI itself under `torchrun --nproc_per_node 2` (gloo): both ranks generate, rank 0 writes the logs."""
