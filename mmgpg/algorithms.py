@@ -32,7 +32,12 @@ from typing import Any
 
 import torch
 
-from mmgpg.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, TOKEN_LOSSES  # noqa: F401  (the names)
+from mmgpg.registry import (  # noqa: F401  (the names)
+    ADVANTAGES,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    TOKEN_LOSSES,
+)
 
 
 def bind(fn: Callable, **hyper: Any) -> Callable:

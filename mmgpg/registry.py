@@ -155,6 +155,13 @@ TOKEN_LOSSES = Registry("token loss", "mmgpg.token_losses", {
     "gspo_token": Entry("mmgpg.algorithms:gspo_token_level_token_loss",
                         {"ratio": "GSPO-token ratio", "offpolicy_only": True}),
 })
+# Facts: `level` — what one importance weight covers (a token, or a whole sequence), for the rollout_is/* metrics.
+ROLLOUT_CORRECTIONS = Registry("rollout correction", "mmgpg.rollout_corrections", {
+    "none": Entry("mmgpg.correction:no_rollout_correction", {"level": "token"}),
+    "token_tis": Entry("mmgpg.correction:token_tis_weights", {"level": "token"}),
+    "seq_tis": Entry("mmgpg.correction:seq_tis_weights", {"level": "sequence"}),
+    "seq_mis": Entry("mmgpg.correction:seq_mis_weights", {"level": "sequence"}),
+})
 KL_ESTIMATORS = Registry("KL estimator", "mmgpg.kl_estimators", {
     "k1": "mmgpg.algorithms:kl_k1", "k2": "mmgpg.algorithms:kl_k2", "k3": "mmgpg.algorithms:kl_k3",
 })

@@ -140,7 +140,7 @@ def _check_baselines(cfg: Config) -> list[Problem]:
 def _check_registered(cfg: Config) -> list[Problem]:
     """Names that must be keys of a registry (each name list lives once, beside its implementations)."""
     from mmgpg.backends import BACKENDS
-    from mmgpg.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, TOKEN_LOSSES
+    from mmgpg.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, ROLLOUT_CORRECTIONS, TOKEN_LOSSES
     from mmgpg.rollout.engine import ENGINES
 
     out = []
@@ -148,6 +148,7 @@ def _check_registered(cfg: Config) -> list[Problem]:
                               ("algo.token_loss", cfg.algo.token_loss, TOKEN_LOSSES),
                               ("algo.aggregation", cfg.algo.aggregation, AGGREGATIONS),
                               ("algo.kl_estimator", cfg.algo.kl_estimator, KL_ESTIMATORS),
+                              ("algo.rollout_correction", cfg.algo.rollout_correction, ROLLOUT_CORRECTIONS),
                               ("rollout.engine", cfg.rollout.engine, ENGINES),
                               ("train.backend", cfg.train.backend, BACKENDS)):
         if value not in names:

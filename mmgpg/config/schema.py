@@ -144,6 +144,15 @@ class AlgoConfig:
     """Dual-clip PPO's C for clipped_ratio (verl's clip_ratio_c, on by default there with 3.0): a token with a negative
     advantage adds at most -C x A to the loss, so a ratio above C stops pushing (> 1; needs updates_per_batch > 1).
     null: off, as the GRPO and DAPO papers and TRL."""
+    rollout_correction: str = "none"
+    """Importance weights against the log-probs the rollout engine sampled with (its behaviour policy: vLLM's own
+    kernels and precision, or the HF engine's nucleus), multiplied into every algorithm's per-token loss, detached:
+    none; token_tis: min(ratio, bound) per token (truncated IS, Yao et al. 2025); seq_tis: min(sequence ratio,
+    bound); seq_mis: the sequence ratio, or 0 above the bound (masked IS, Liu, Li et al. 2025). The ratio is the
+    trainer's log-prob at the weights the update starts from minus the engine's. Logged as rollout_is/*."""
+    rollout_correction_bound: float = bounded(2.0, gt=1, why="The bound C truncates or masks ratios above it; at "
+                                              "C <= 1 every sample would be cut down (TIS papers: C = 2).")
+    """C of algo.rollout_correction (> 1)."""
     kl_coef: float = bounded(0.0, ge=0, why="A KL weight is >= 0 (GPG: 0, GRPO: 0.04).")
     """Weight of the KL penalty to a frozen reference policy (GRPO: 0.04). A reference model exists only when > 0."""
     kl_estimator: str = "k3"

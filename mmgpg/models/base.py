@@ -8,7 +8,8 @@ its forward; :class:`PolicyBase` holds the rest.
 * **Sampling**: :meth:`PolicyBase.sampling_kwargs` sets every knob transformers would otherwise fill from the
   checkpoint's ``generation_config.json``, so completions are drawn from exactly the distribution
   :meth:`PolicyBase.score_hidden` scores (temperature only, over the vocabulary without
-  :attr:`PolicyBase.suppressed_token_ids`).
+  :attr:`PolicyBase.suppressed_token_ids`). :class:`SampledLogprobs` records the log-prob of each sampled token
+  under the distribution it was drawn from (the engine's behaviour log-probs, for ``algo.rollout_correction``).
 * **Scoring**: the hidden state before each completion token, through the output head the forward really uses
   (:meth:`PolicyBase.output_layer`; under LoRA :func:`mmgpg.models.lora.output_head`, called as the head's own
   forward so DeepSpeed ZeRO-3 gathers it), in chunks (:func:`mmgpg.models.logprobs.chunked_token_logprobs`), with
@@ -26,6 +27,60 @@ from mmgpg.models import Family
 from mmgpg.models import family as family_spec
 from mmgpg.models.batch import CompletionBatch, PromptBatch, gather_prompts
 from mmgpg.models.logprobs import chunked_token_logprobs, completion_mask
+
+
+class SampledLogprobs:
+    """A logits processor, last in ``generate``'s list, that keeps the log-probability of each sampled token under
+    the distribution it was really drawn from (after temperature, top-k, top-p and the suppressed tokens): the
+    behaviour log-probs of the HF engine (``algo.rollout_correction``). At step ``k`` the processor sees the token
+    drawn at step ``k - 1`` as the last input id, so only the previous step's processed scores are held (one
+    ``[N, V]`` tensor, not ``output_scores``' ``[N, T, V]``); :meth:`logprobs` reads the last token's.
+
+    transformers appends its own temperature/top-k/top-p warpers *after* a caller's processors, so
+    :func:`recorded_sampling` passes neutral values for those and puts the same warper classes, in transformers'
+    order, before this one: the processed scores and the samples are the ones transformers' own warpers give
+    (a test compares the completions and ``output_scores`` token for token)."""
+
+    def __init__(self) -> None:
+        self.previous: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.previous is not None:
+            self.steps.append(self._read(input_ids[:, -1]))
+        self.previous = scores
+        return scores
+
+    def _read(self, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.previous.float(), dim=-1).gather(1, tokens[:, None])[:, 0]
+
+    def logprobs(self, completion_ids: torch.Tensor) -> torch.Tensor:
+        """``[N, T]`` log-probs of ``completion_ids`` (the generated columns), one per step."""
+        steps = [*self.steps, self._read(completion_ids[:, -1])] if self.previous is not None else []
+        if len(steps) != completion_ids.shape[1]:
+            raise RuntimeError(f"recorded {len(steps)} sampling steps for {completion_ids.shape[1]} generated tokens")
+        return torch.stack(steps, dim=1)
+
+
+def recorded_sampling(kwargs: dict[str, Any]) -> tuple[dict[str, Any], SampledLogprobs | None]:
+    """``generate`` keyword arguments from :meth:`PolicyBase.sampling_kwargs` with a :class:`SampledLogprobs`
+    recorder after the sampling warpers (``None`` for greedy decoding, which has no sampling distribution)."""
+    if not kwargs.get("do_sample"):
+        return kwargs, None
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    temperature, top_k, top_p = kwargs["temperature"], kwargs["top_k"], kwargs["top_p"]
+    chain: list = []
+    if temperature != 1.0:  # transformers' order: temperature, top-k, top-p (min_p = 0 removes nothing)
+        chain.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        chain.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+    if top_p < 1.0:
+        chain.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+    recorder = SampledLogprobs()
+    neutral = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=None,
+                   logits_processor=LogitsProcessorList([*chain, recorder]))
+    return {**kwargs, **neutral}, recorder
 
 
 class PolicyBase:
@@ -148,12 +203,10 @@ class PolicyBase:
             raise ValueError(f"group_size must be >= 1; got {group_size}")
         was_training = self.model.training
         self.model.eval()
+        kwargs, recorder = recorded_sampling(
+            self.sampling_kwargs(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k))
         try:
-            out = self.model.generate(
-                **inputs,
-                num_return_sequences=group_size,
-                **self.sampling_kwargs(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k),
-            )
+            out = self.model.generate(**inputs, num_return_sequences=group_size, **kwargs)
         finally:
             self.model.train(was_training)
         completion_ids = out[:, inputs["input_ids"].shape[1] :]
@@ -162,8 +215,9 @@ class PolicyBase:
         texts = self.processor.batch_decode(
             completion_ids.masked_fill(~mask, self.pad_token_id), skip_special_tokens=True
         )
+        sampled = None if recorder is None else recorder.logprobs(completion_ids).masked_fill(~mask, 0.0).cpu()
         return CompletionBatch(prompts=prompts, group_size=group_size, completion_ids=completion_ids.cpu(),
-                               completion_mask=mask.cpu(), texts=texts)
+                               completion_mask=mask.cpu(), texts=texts, sampled_logprobs=sampled)
 
     # ---- scoring --------------------------------------------------------------------------------------------------
 

@@ -7,7 +7,9 @@
   are summed over ranks first, and every group is trained), with the global counts B, M and tokens → α and the
   aggregation's denominator (:class:`StepCounts`);
 * the **loss mask** (DAPO's overlong filter leaves truncated completions out of the loss and of the token counts) and
-  the **token loss** with its hyper-parameters bound once (clip ranges, CISPO's bounds, GSPO's mask).
+  the **token loss** with its hyper-parameters bound once (clip ranges, CISPO's bounds, GSPO's mask);
+* the **rollout correction** (``algo.rollout_correction``): detached importance weights of the trainer's policy
+  against the engine's behaviour log-probs, multiplied into the token loss (:meth:`Objective.rollout_weights`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mmgpg import algorithms, distributed
+from mmgpg import algorithms, correction, distributed
 from mmgpg.models.batch import CompletionBatch
+from mmgpg.registry import ROLLOUT_CORRECTIONS
 from mmgpg.rollout.collect import Group
 
 
@@ -54,6 +57,9 @@ class Objective:
         self.loss_takes_mask = "mask" in inspect.signature(loss).parameters  # GSPO's per-sequence mean
         self.token_loss_fn = algorithms.bind(loss, clip_eps=algo.clip_eps, clip_eps_high=algo.clip_eps_high,
                                              cispo_eps_low=algo.cispo_eps_low, dual_clip=algo.dual_clip)
+        corrects = algo.rollout_correction != "none"
+        self.correction = ROLLOUT_CORRECTIONS[algo.rollout_correction] if corrects else None
+        self.correction_level = ROLLOUT_CORRECTIONS.facts(algo.rollout_correction).get("level", "token")
 
     # ---- rewards and token counts -----------------------------------------------------------------------------------
 
@@ -130,10 +136,35 @@ class Objective:
     # ---- phase 3: the policy term ---------------------------------------------------------------------------------
 
     def policy_loss_sum(self, logp: torch.Tensor, advantages: torch.Tensor, old_logp: torch.Tensor | None,
-                        mask: torch.Tensor) -> torch.Tensor:
-        """The aggregation's numerator of the token loss over these rows (divide by the global denominator)."""
+                        mask: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """The aggregation's numerator of the token loss over these rows (divide by the global denominator);
+        ``weights`` (:meth:`rollout_weights`) multiply each token's loss."""
         kwargs = {} if old_logp is None else {"old_logp": old_logp}
         if self.loss_takes_mask:
             kwargs["mask"] = mask
         per_token = self.token_loss_fn(logp, advantages, **kwargs)
+        if weights is not None:
+            per_token = per_token * weights.to(per_token.dtype)
         return algorithms.token_loss_sum(per_token, mask, self.algo.aggregation)
+
+    def rollout_weights(self, batch: CompletionBatch, logp_prox: torch.Tensor, mask: torch.Tensor, *, engine: str,
+                        step: int) -> tuple[torch.Tensor, tuple[float, ...]]:
+        """``algo.rollout_correction``'s detached weights ``[N, T]`` for these rows and their statistics
+        (:func:`mmgpg.correction.rollout_correction_stats`). ``logp_prox``: the trainer's log-probs at the weights the
+        update starts from. The behaviour log-probs are the ones the engine returned with the samples."""
+        a = self.algo
+        if batch.sampled_logprobs is None:
+            raise ValueError(f"step {step + 1}: algo.rollout_correction={a.rollout_correction} needs the log-prob "
+                             f"the rollout engine gave each sampled token, and the {engine} engine returned none for "
+                             f"these {batch.num_sequences} completions (engines return them when they sample, not "
+                             "for greedy decoding). Set algo.rollout_correction=none, or sample with "
+                             "rollout.temperature > 0.")
+        mask = mask.to(logp_prox.device).bool()
+        try:
+            log_ratio = correction.rollout_log_ratio(logp_prox, batch.sampled_logprobs, mask)
+        except ValueError as err:
+            raise ValueError(f"step {step + 1} ({engine} engine): {err}") from None
+        weights = self.correction(log_ratio, mask, a.rollout_correction_bound)
+        stats = correction.rollout_correction_stats(log_ratio, weights, mask, level=self.correction_level,
+                                                    bound=a.rollout_correction_bound)
+        return weights.to(logp_prox.dtype), stats

@@ -131,10 +131,12 @@ def _memory(m: dict[str, Any]) -> str:
 
 
 def _info(m: dict[str, Any]) -> str:
-    """Reward, valid fraction, α (``-`` on a skipped step), s/step and memory of one step's metrics."""
+    """Reward, valid fraction, α (``-`` on a skipped step), the rollout correction's mean weight and ESS (when on),
+    s/step and memory of one step's metrics."""
     alpha = "-" if m.get("gpg/alpha") is None else f"{m['gpg/alpha']:.2f}"
     memory = _memory(m)
-    return (f"reward {m['reward/total']:.3f}  valid {m['gpg/valid_fraction']:.2f}  α {alpha}  "
+    weights = (f"IS {m['rollout_is/mean']:.3f} ess {m['rollout_is/ess']:.2f}  " if "rollout_is/mean" in m else "")
+    return (f"reward {m['reward/total']:.3f}  valid {m['gpg/valid_fraction']:.2f}  α {alpha}  {weights}"
             f"{m['time/step']:.2f} s/step" + (f"  {memory}" if memory else ""))
 
 

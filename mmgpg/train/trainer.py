@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from mmgpg import algorithms, distributed, rundir
+from mmgpg import correction as rollout_correction
 from mmgpg.backends import OptimizerSettings, build_backend
 from mmgpg.config import Config, Resolved, save_config
 from mmgpg.models import Policy, lora
@@ -222,10 +223,12 @@ class Trainer:
         computed, padded = zip((0, 0), *(padding_counts(r, packed=self.packed) for r, _, weight in micro if weight))
         return sum(computed), sum(padded)
 
-    def _backward(self, micro, counts: StepCounts, old, ref, diff: LogprobDiff | None = None) -> tuple[float, float]:
-        """Backward of this rank's micro-batches (loss = (α · Σ policy + kl_coef · Σ KL) / global denominator), then
-        the gradients summed over ranks. Returns this rank's (policy, KL) loss parts. ``diff`` collects the post-sync
-        check from these log-probs (the rollout's weights: called before the optimizer step)."""
+    def _backward(self, micro, counts: StepCounts, old, ref, diff: LogprobDiff | None = None,
+                  correction: list[tuple[float, ...]] | None = None) -> tuple[float, float]:
+        """Backward of this rank's micro-batches (loss = (α · Σ w · policy + kl_coef · Σ KL) / global denominator,
+        w: ``algo.rollout_correction``'s weights, 1 without), then the gradients summed over ranks. Returns this
+        rank's (policy, KL) loss parts. ``diff`` collects the post-sync check from these log-probs (the rollout's
+        weights: called before the optimizer step); ``correction`` the weights' statistics of each micro-batch."""
         a = self.cfg.algo
         alpha = counts.alpha if counts.alpha is not None else 1.0  # B == M: the policy term is 0 anyway
         policy_total = kl_total = 0.0
@@ -236,7 +239,13 @@ class Trainer:
                 diff.add(r.sampled_logprobs, logp, r.completion_mask)
             adv = adv.to(logp.device)
             mask = self.objective.loss_mask(r).to(logp.device)  # the overlong filter clears truncated rows
-            loss = alpha * self.objective.policy_loss_sum(logp, adv, old_lp, mask) / counts.denominator
+            is_weights = None
+            if self.objective.correction is not None:  # π_prox: the old log-probs, else these (the same weights)
+                is_weights, stats = self.objective.rollout_weights(r, old_lp if old_lp is not None else logp.detach(),
+                                                                   mask, engine=self.engine.name, step=self.state.step)
+                if correction is not None and weight:
+                    correction.append(stats)
+            loss = alpha * self.objective.policy_loss_sum(logp, adv, old_lp, mask, is_weights) / counts.denominator
             policy_total += float(loss.detach())
             if ref_lp is not None:
                 kl_term = a.kl_coef * algorithms.token_loss_sum(algorithms.KL_ESTIMATORS[a.kl_estimator](logp, ref_lp),
@@ -315,11 +324,14 @@ class Trainer:
         self.policy.model.train()
         policy_total = kl_total = grad_norm = 0.0
         checked: dict[str, float] = {}
+        correction: list[tuple[float, ...]] = []
         for i in range(a.updates_per_batch):
             diff = LogprobDiff() if i == 0 else None
-            policy_total, kl_total = self._backward(micro, counts, old, ref, diff)
+            policy_total, kl_total = self._backward(micro, counts, old, ref, diff, correction if i == 0 else None)
             if diff is not None:
                 checked = self._checked(diff)
+                if self.objective.correction is not None:
+                    checked.update(rollout_correction.step_metrics(correction, self.backend.comm_device))
             grad_norm = self._optimizer_step()
         t0 = time.perf_counter()
         if self.engine.owns_weights:  # the backend gathers / merges; the engine moves them (every rank: collective)

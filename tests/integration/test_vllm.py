@@ -192,6 +192,27 @@ def test_check_holds_after_update_and_sync_and_fires_when_sync_is_skipped(tmp_pa
         trainer.engine.close()
 
 
+def test_rollout_correction_weights_are_one_after_a_sync_and_see_a_stale_engine(tmp_path):
+    """algo.rollout_correction=token_tis with vLLM's own sampled log-probs: after each update + sync the engine is
+    the trainer (float32 both), so every weight is 1 within the check's tolerance; when a sync is skipped the samples
+    come from weights one update old (what an asynchronous run with max_staleness=1 trains on), and the weights
+    move away from 1."""
+    from mmgpg.train.trainer import Trainer
+
+    trainer = Trainer(resolve([*TRAIN, "train.max_steps=10", "algo.rollout_correction=token_tis",
+                               "rollout.logprob_check=false"]), run_dir=tmp_path / "run")
+    try:
+        first, second = trainer.train_step(), trainer.train_step()
+        for m in (first, second):
+            assert abs(m["rollout_is/mean"] - 1) <= MEAN_TOL and abs(m["rollout_is/max"] - 1) <= 2 * TOKEN_TOL, m
+        trainer.engine.sync_weights = lambda weights: None  # from here on the engine is stale
+        trainer.train_step()
+        stale = trainer.train_step()
+        assert abs(stale["rollout_is/max"] - 1) > 10 * TOKEN_TOL and stale["rollout_is/ess"] < 1 - 1e-6, stale
+    finally:
+        trainer.engine.close()
+
+
 # The families beyond the paper's that the vLLM engine serves: (family, vLLM dtype, in CI). Qwen3.5's gated-delta-net
 # layers run only in bfloat16 on vLLM's CPU backend (Family.vllm_cpu_dtypes): its check holds at bf16's limits.
 FAMILY_CELLS = [("qwen3_vl", "float32", True), ("qwen3_5", "bfloat16", True), ("smolvlm", "float32", True),

@@ -19,7 +19,7 @@ LONG_MODULES: dict[str, str] = {}
 # The dependency order, bottom first: a unit (a folder of mmgpg/, or a top-level module) may import only units of its
 # own layer or below. Each folder's __init__.py says the same in words.
 LAYERS: list[set[str]] = [
-    {"mmgpg", "registry", "typed", "jsonl", "utils", "distributed", "algorithms", "runlock"},  # foundations
+    {"mmgpg", "registry", "typed", "jsonl", "utils", "distributed", "algorithms", "correction", "runlock"},  # foundations
     {"models", "task"},  # the policy seam and the task contract
     {"rollout", "backends"},  # generation and the training backend (they read models/ and task/)
     {"config"},  # the schema and its checks read every registry below
