@@ -60,13 +60,14 @@ def current() -> DistInfo:
     return DistInfo()
 
 
-def all_sum(values: Iterable[float], device: torch.device | str = "cpu") -> list[float]:
-    """Element-wise sum over ranks of a few numbers (float64); the identity on one process."""
+def all_sum(values: Iterable[float], device: torch.device | str = "cpu", group: Any = None) -> list[float]:
+    """Element-wise sum over ranks of a few numbers (float64); the identity on one process. ``group``: a process
+    group of its own (the asynchronous rollout's thread, :mod:`mmgpg.rollout.pipeline`), else the default one."""
     values = list(values)
     if not (dist.is_available() and dist.is_initialized()):
         return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
     return t.tolist()
 
 

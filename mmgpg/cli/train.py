@@ -34,7 +34,8 @@ def cmd_demo(args) -> int:
                              gpg_steps=args.gpg_steps, eval_limit=args.eval_limit, eval_every=args.eval_every,
                              prompts_per_step=args.prompts_per_step, algo=args.algo, threads=args.threads,
                              sft_lr=args.sft_lr, gpg_lr=args.lr, lr_scheduler=args.lr_scheduler,
-                             overrides=tuple(args.set), rl_overrides=tuple(args.rl_set), model=args.model or "")
+                             overrides=tuple(args.set), rl_overrides=tuple(args.rl_set), model=args.model or "",
+                             sft_from=args.sft_from or "")
     check_demo_model(settings.model, settings.text)  # before anything is built
     if args.quick:
         settings.sft_steps, settings.gpg_steps, settings.eval_limit, settings.eval_every = 4, 2, 8, 1
@@ -90,6 +91,8 @@ def register(sub) -> None:
                    help="extra config override for SFT and RL, e.g. --set task.format_reward=false (repeatable)")
     p.add_argument("--rl-set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for the RL stage only, e.g. --rl-set model.lora.rank=8 (repeatable)")
+    p.add_argument("--sft-from", metavar="DIR", help="start the RL stage from this SFT policy (a previous demo's "
+                   "sft/checkpoints/step-N/policy, same seed and settings), skipping the SFT stage")
     p.add_argument("--quick", action="store_true", help="a seconds-long smoke version (tiny budgets)")
     p.set_defaults(func=cmd_demo)
 

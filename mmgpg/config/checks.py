@@ -50,6 +50,16 @@ def check(cfg: Config, *, task: bool = True) -> list[Problem]:
     if not 0 <= cfg.seed <= SEED_MAX:
         p.append(Problem("seed", cfg.seed, f"Seeds are whole numbers from 0 to 2^32 - 1 = {SEED_MAX} (NumPy's and "
                          "vLLM's generators take 32-bit seeds).", "set seed to a number in that range, e.g. seed=0."))
+    if r.max_staleness > 0 and not (r.engine == "vllm" and r.vllm_server):
+        p.append(Problem("rollout.max_staleness", r.max_staleness,
+                         f"Sampling ahead needs an engine that generates in a process of its own, with its own copy of "
+                         f"the weights: the {r.engine} engine{' in the trainer process' if r.engine == 'vllm' else ''} "
+                         "samples with the weights the update is changing.",
+                         "start `mmgpg vllm-serve` and set rollout.engine=vllm rollout.vllm_server=http://HOST:PORT, "
+                         "or rollout.max_staleness=0."))
+    if r.max_staleness > 0 and r.vllm_sleep:
+        p.append(Problem("rollout.vllm_sleep", True, "With rollout.max_staleness > 0 the engine samples during the "
+                         "update, so it cannot free its memory then.", "set rollout.vllm_sleep=false."))
     for key, limit in (("logprob_check_mean", r.logprob_check_mean), ("logprob_check_max", r.logprob_check_max)):
         if limit is not None and not limit > 0:
             p.append(Problem(f"rollout.{key}", limit, "A limit on an absolute log-prob difference is > 0 (at 0 every "

@@ -106,6 +106,11 @@ class RolloutConfig:
     """GPUs one colocated vLLM engine shards the model over."""
     vllm_max_images: int = 4
     """Most images in one prompt vLLM accepts (limit_mm_per_prompt)."""
+    max_staleness: int = bounded(0, ge=0, why="A number of weight versions (0: synchronous).")
+    """Rollouts that overlap the update: the engine samples the batches of the next steps while the current one
+    updates, each batch with weights at most this many optimizer steps old (batch b with version max(start, b - K);
+    no sample is dropped for being slow). 0: today's synchronous loop. Needs the vLLM server engine
+    (rollout.engine=vllm with rollout.vllm_server). Pair it with algo.rollout_correction (e.g. token_tis)."""
     vllm_sleep: bool = False
     """Colocated on GPU: vLLM sleeps (weights offloaded, KV cache freed) during the update; no effect on CPU."""
     logprob_check: bool = True

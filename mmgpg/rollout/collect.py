@@ -225,12 +225,13 @@ def assemble_update(generated: Sequence[Group], per_rank: int, *,
 
 
 def collect_groups(sample: Callable[[int], list[Group]], per_rank: int, *, min_valid_fraction: float,
-                   max_attempts: int, comm_device=None, drop_zero_variance: bool = False) -> Collected:
+                   max_attempts: int, comm_device=None, drop_zero_variance: bool = False, group=None) -> Collected:
     """Run ``sample(attempt)`` (which returns this rank's ``per_rank`` new groups) until the global valid fraction
     of the update reaches ``min_valid_fraction`` or ``max_attempts`` attempts were made; ``drop_zero_variance``
     leaves the zero-variance filler out of the update (:func:`assemble_update`).
 
-    Collective: every rank must call it (the stopping rule uses a sum over ranks, so all ranks stop together).
+    Collective: every rank must call it (the stopping rule uses a sum over ranks, so all ranks stop together), over
+    ``group`` (default: the default process group).
     """
     generated: list[Group] = []
     total = per_rank * distributed.current().world_size
@@ -239,7 +240,7 @@ def collect_groups(sample: Callable[[int], list[Group]], per_rank: int, *, min_v
         generated += sample(attempts)
         attempts += 1
         in_update = min(sum(not g.zero_variance for g in generated), per_rank)
-        (global_valid,) = distributed.all_sum([in_update], comm_device or "cpu")
+        (global_valid,) = distributed.all_sum([in_update], comm_device or "cpu", group)
         if attempts >= max_attempts or not algorithms.needs_more_groups(total, total - global_valid,
                                                                         min_valid_fraction):
             break

@@ -7,8 +7,8 @@ engine's completions and the task's scores (:func:`~mmgpg.rollout.collect.sample
 policy version that sampled it (the number of training steps the weights had taken). The trainer never calls back
 into the rollout: it hands over the step and the version, and gets the update's groups.
 
-This is the seam an asynchronous rollout uses: a producer that samples ahead while the trainer updates returns
-groups of older versions through the same call.
+This is the seam the asynchronous rollout uses (:mod:`mmgpg.rollout.pipeline`, ``rollout.max_staleness``): a thread
+calls ``next_batch`` for the next steps while the trainer updates, with older policy versions.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class RolloutProducer:
                  settings: ProducerSettings, comm_device: Any = None):
         self.engine, self.task, self.dataset, self.stream = engine, task, dataset, stream
         self.settings, self.comm_device = settings, comm_device
+        self.group = None  # the process group of the stopping rule's sum (a thread of its own needs its own group)
 
     def next_batch(self, step: int, policy_version: int) -> Collected:
         """The update of training step ``step + 1``: sample until its valid fraction reaches β_th (or the attempt
@@ -66,7 +67,7 @@ class RolloutProducer:
 
         return collect_groups(attempt, s.per_rank, min_valid_fraction=s.min_valid_fraction,
                               max_attempts=s.max_attempts, comm_device=self.comm_device,
-                              drop_zero_variance=s.drop_zero_variance)
+                              drop_zero_variance=s.drop_zero_variance, group=self.group)
 
     def _sample(self, step: int, attempt: int) -> list[Group]:
         """One attempt: the next ``per_rank`` prompts of the stream, ``group_size`` completions each, scored. Engines

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -41,6 +42,9 @@ class DemoSettings:
     """Extra KEY=VALUE config overrides applied to both SFT and RL (e.g. task.format_reward=false)."""
     rl_overrides: tuple[str, ...] = ()
     """Overrides for the RL stage only (e.g. model.lora.rank=8: LoRA on the SFT-warm-started model)."""
+    sft_from: str = ""
+    """Start the RL stage from this SFT policy (a previous demo's ``sft/checkpoints/step-N/policy`` of the same seed
+    and settings), skipping stage 1: RL variants of one warm start (e.g. bench/async_rollout.py)."""
     text: bool = False
     """The text demo: model=tiny_qwen2 on task=arith instead of model=tiny on task=shapes."""
     model: str = ""
@@ -98,12 +102,19 @@ def run_demo(s: DemoSettings, console=None) -> dict:
               *([f"model.name_or_path=tiny:{s.model}"] if s.model else []), *s.overrides]
     t0 = time.perf_counter()
 
-    say(f"[bold]1/3 SFT warm start[/bold]: {s.sft_steps} steps of 32 gold answers, lr {s.sft_lr}")
-    sft = SFTTrainer(resolve(common + [f"sft.max_steps={s.sft_steps}", "sft.batch_size=32",
-                                       f"sft.learning_rate={s.sft_lr}", f"output_dir={out / 'sft'}"]))
-    every = max(1, s.sft_steps // 4)
-    final = sft.train(progress=lambda m: say(f"  sft step {m['step']:4d}  loss {m['loss/sft']:.3f}")
-                      if m["step"] % every == 0 else None)
+    if s.sft_from:
+        if not (Path(s.sft_from) / "config.json").is_file():
+            raise FileNotFoundError(f"--sft-from {s.sft_from}: not a saved policy (no config.json); give a demo's "
+                                    "sft/checkpoints/step-N/policy folder")
+        say(f"[bold]1/3 SFT warm start[/bold]: skipped, from {s.sft_from}")
+        final = s.sft_from
+    else:
+        say(f"[bold]1/3 SFT warm start[/bold]: {s.sft_steps} steps of 32 gold answers, lr {s.sft_lr}")
+        sft = SFTTrainer(resolve(common + [f"sft.max_steps={s.sft_steps}", "sft.batch_size=32",
+                                           f"sft.learning_rate={s.sft_lr}", f"output_dir={out / 'sft'}"]))
+        every = max(1, s.sft_steps // 4)
+        final = sft.train(progress=lambda m: say(f"  sft step {m['step']:4d}  loss {m['loss/sft']:.3f}")
+                          if m["step"] % every == 0 else None)
     t_sft = time.perf_counter() - t0
 
     say(f"[bold]2/3 {s.algo.upper()}[/bold]: {s.gpg_steps} steps x {s.prompts_per_step} prompts x G={s.group_size}, "

@@ -156,7 +156,8 @@ class Objective:
         if batch.sampled_logprobs is None:
             raise ValueError(f"step {step + 1}: algo.rollout_correction={a.rollout_correction} needs the log-prob "
                              f"the rollout engine gave each sampled token, and the {engine} engine returned none for "
-                             f"these {batch.num_sequences} completions (engines return them when they sample, not "
+                             f"these {batch.num_sequences} completions (the first of prompt "
+                             f"{(batch.prompts.texts or [''])[0][-80:]!r}; engines return them when they sample, not "
                              "for greedy decoding). Set algo.rollout_correction=none, or sample with "
                              "rollout.temperature > 0.")
         mask = mask.to(logp_prox.device).bool()

@@ -132,11 +132,13 @@ def _memory(m: dict[str, Any]) -> str:
 
 def _info(m: dict[str, Any]) -> str:
     """Reward, valid fraction, α (``-`` on a skipped step), the rollout correction's mean weight and ESS (when on),
-    s/step and memory of one step's metrics."""
+    the overlap's waits (trainer for rollouts / engine for weights, with rollout.max_staleness), s/step and memory of
+    one step's metrics."""
     alpha = "-" if m.get("gpg/alpha") is None else f"{m['gpg/alpha']:.2f}"
     memory = _memory(m)
     weights = (f"IS {m['rollout_is/mean']:.3f} ess {m['rollout_is/ess']:.2f}  " if "rollout_is/mean" in m else "")
-    return (f"reward {m['reward/total']:.3f}  valid {m['gpg/valid_fraction']:.2f}  α {alpha}  {weights}"
+    waits = (f"waits {m['time/wait_rollout']:.1f}/{m['time/wait_sync']:.1f} s  " if "time/wait_sync" in m else "")
+    return (f"reward {m['reward/total']:.3f}  valid {m['gpg/valid_fraction']:.2f}  α {alpha}  {weights}{waits}"
             f"{m['time/step']:.2f} s/step" + (f"  {memory}" if memory else ""))
 
 

@@ -45,11 +45,12 @@ from mmgpg.rollout.collect import (
     padding_counts,
     plan_micro_batches,
 )
+from mmgpg.rollout.pipeline import AsyncRollout, staleness_metrics
 from mmgpg.rollout.producer import ProducerSettings, RolloutProducer
 from mmgpg.rollout.stream import PromptStream
 from mmgpg.rundir import SuccessRecord, run_dir_path
-from mmgpg.task import SkipBadRows, check_task_for_model, first_items
-from mmgpg.train import resume
+from mmgpg.task import SkipBadRows, check_task_for_model
+from mmgpg.train import live, resume
 from mmgpg.train.objective import Objective, StepCounts
 from mmgpg.train.runlog import RunLog, planned_memory
 from mmgpg.utils import GracefulStop, PeakMemory, seed_everything
@@ -128,6 +129,8 @@ class Trainer:
         # the algorithm's functions with their hyper-parameters bound once
         self.objective = Objective(cfg.algo, cfg.rollout.max_new_tokens, self.policy.eos_token_ids)
         self._spare: list[Group] = []  # a group of the last rollout: DeepSpeed's padding on a rank without groups
+        self.pipeline: AsyncRollout | None = None  # rollout.max_staleness > 0: sampling ahead (started by train())
+        self._overlap: dict[str, float] = {}  # the pipeline's wait timings of the current step
         if checkpoint is not None:
             self._resume(checkpoint)
         if self.dist.is_main:
@@ -181,11 +184,42 @@ class Trainer:
     def rollout(self) -> Collected:
         """The step's update from the rollout producer (:meth:`mmgpg.rollout.producer.RolloutProducer.next_batch`:
         sampled until the valid fraction reaches β_th or the attempt cap), by the current weights (version = steps
-        taken)."""
-        with self.backend.generation_context():  # ZeRO-3: the weights gathered once for the whole rollout
-            collected = self.producer.next_batch(self.state.step, policy_version=self.state.step)
+        taken); with ``rollout.max_staleness`` > 0, the batch the pipeline sampled ahead (:mod:`mmgpg.rollout.pipeline`)."""
+        if self.pipeline is not None:
+            collected, self._overlap = self.pipeline.take(self.state.step)
+        else:
+            with self.backend.generation_context():  # ZeRO-3: the weights gathered once for the whole rollout
+                collected = self.producer.next_batch(self.state.step, policy_version=self.state.step)
         self._spare = collected.generated[:1]
         return collected
+
+    def start_pipeline(self) -> None:
+        """``rollout.max_staleness`` > 0: start sampling ahead from the current step (collective: the β_th sums of
+        the sampling thread get a process group of their own)."""
+        k = self.cfg.rollout.max_staleness
+        if k == 0 or self.pipeline is not None:
+            return
+        self.pipeline = AsyncRollout.for_run(self.producer, staleness=k, start=self.state.step,
+                                             last=self.cfg.train.max_steps, distributed_run=self.dist.enabled)
+        if self.state.step > 0 and self.runlog is not None:
+            self.runlog.note(f"resumed at step {self.state.step} with rollout.max_staleness={k}: the batches of steps "
+                             f"{self.state.step + 1}-{self.state.step + k}, in flight when the checkpoint was written, "
+                             "are sampled again from the same prompts, with the checkpoint's weights")
+        self.pipeline.start()
+
+    def _sync_engine(self) -> float:
+        """Hand the engine the weights of version ``step + 1`` (every rank: collective). With the pipeline, the
+        engine first finishes the batches of the previous version, on every rank, and then may start the next."""
+        t0 = time.perf_counter()
+        if self.pipeline is not None:  # the trainer waits too: counted in time/wait_rollout
+            self._overlap["time/wait_rollout"] += self.pipeline.before_sync(self.state.step + 1)
+            distributed.barrier()
+        if self.engine.owns_weights:  # the backend gathers / merges; the engine moves them (every rank: collective)
+            with self.memory.phase("sync"):
+                self.engine.sync_weights(self.backend.full_weights(self.engine.weights_dtype))
+        if self.pipeline is not None:
+            self.pipeline.synced(self.state.step + 1)
+        return time.perf_counter() - t0
 
     # ---- phase 2: advantages --------------------------------------------------------------------------------------
 
@@ -314,11 +348,17 @@ class Trainer:
         """Backward over this rank's forwarded groups, sum gradients over ranks, clip, step, sync the engine."""
         a = self.cfg.algo
         self.engine.sleep()  # rollout.vllm_sleep: free the engine's GPU memory during the update
+        # the post-sync check compares the engine's log-probs with the trainer's at the same weights: not on samples
+        # of older weights (rollout.max_staleness > 0; the ranks agree: a batch's version is the same on all)
+        fresh = all(g.policy_version == self.state.step for g in groups)
         if counts.skip:
             self.state.skipped_steps += 1
             for _ in range(a.updates_per_batch):
                 self.backend.advance_schedule()
-            return {"loss/policy": 0.0, "loss/kl": 0.0, "grad_norm": 0.0, **self._checked(LogprobDiff(), groups)}
+            checked = self._checked(LogprobDiff(), groups) if fresh else {}
+            if self.pipeline is not None:  # the weights did not change: the next version is this one
+                self.pipeline.synced(self.state.step + 1)
+            return {"loss/policy": 0.0, "loss/kl": 0.0, "grad_norm": 0.0, **checked}
         micro = self._micro_batches(groups)
         old, ref = self._fixed_logprobs(micro)
         self.policy.model.train()
@@ -326,18 +366,14 @@ class Trainer:
         checked: dict[str, float] = {}
         correction: list[tuple[float, ...]] = []
         for i in range(a.updates_per_batch):
-            diff = LogprobDiff() if i == 0 else None
+            diff = LogprobDiff() if i == 0 and fresh else None
             policy_total, kl_total = self._backward(micro, counts, old, ref, diff, correction if i == 0 else None)
             if diff is not None:
                 checked = self._checked(diff)
-                if self.objective.correction is not None:
-                    checked.update(rollout_correction.step_metrics(correction, self.backend.comm_device))
+            if i == 0 and self.objective.correction is not None:
+                checked.update(rollout_correction.step_metrics(correction, self.backend.comm_device))
             grad_norm = self._optimizer_step()
-        t0 = time.perf_counter()
-        if self.engine.owns_weights:  # the backend gathers / merges; the engine moves them (every rank: collective)
-            with self.memory.phase("sync"):
-                self.engine.sync_weights(self.backend.full_weights(self.engine.weights_dtype))
-        sync_s = time.perf_counter() - t0
+        sync_s = self._sync_engine()
         self.policy.model.eval()
         policy_total, kl_total, computed, padding = distributed.all_sum(
             [policy_total, kl_total, *self.padding_positions(micro)], self.backend.comm_device)
@@ -361,6 +397,9 @@ class Trainer:
         timings["time/update"] = time.perf_counter() - t0
         self.state.step += 1
         timings["time/step"] = time.perf_counter() - t_step
+        if self.pipeline is not None:  # the overlap's waits and the update's staleness
+            timings.update(**self._overlap, **staleness_metrics(collected.update, self.state.step - 1,
+                                                                self.backend.comm_device))
         metrics = self._metrics(collected, counts, update_stats, timings)
         self._write_success_records(collected.generated)
         return metrics
@@ -407,49 +446,17 @@ class Trainer:
         if self.dist.is_main:
             rundir.append_records(self.run_dir / rundir.SUCCESS, [rec for recs in everyone for rec in recs])
 
-    def evaluate(self) -> dict[str, float]:
-        """Greedy evaluation on ``train.eval_split``, its batches split over the ranks (every rank gets the
-        numbers); a bad row of the split stops training or, under ``data.on_bad_row=skip``, is left out (as in
-        ``mmgpg eval``). The sampled part (``train.eval_samples``) runs on rank 0."""
-        from mmgpg.evaluation.run import run_evaluation, sampled_scores
+    def evaluate(self) -> dict[str, float]:  # train.eval_every (mmgpg.train.live)
+        return live.evaluate(self)
 
-        metrics = None
-        t, r = self.cfg.train, self.cfg.rollout
-        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once)
-            # Evaluation must not move the training RNG stream (resume exactness): sample under a forked RNG.
-            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                report = run_evaluation(self.engine, self.task, t.eval_split, limit=t.eval_limit,
-                                        max_new_tokens=r.max_new_tokens, on_bad_row=self.cfg.data.on_bad_row,
-                                        checkpoint="live", engine_name=r.engine)  # collective: every rank decodes
-                if self.dist.is_main:
-                    metrics = {f"eval/{k}": v for k, v in report.metrics.items()}
-                    if t.eval_samples:
-                        torch.manual_seed(self.cfg.seed + 10_000 + self.state.step)
-                        sampled = sampled_scores(self.engine, self.task, report.examples, samples=t.eval_samples,
-                                                 temperature=r.temperature, max_new_tokens=r.max_new_tokens)
-                        metrics.update({f"eval/sampled_{k}": v for k, v in sampled.items()})
-        return distributed.broadcast_object(metrics)
-
-    def probe(self) -> None:
-        """``train.probe_every``: per-prompt success of the current policy on the first ``train.probe_limit``
-        training prompts (rank 0; under a forked RNG so the training stream is untouched) → probe_success.jsonl."""
-        from mmgpg.theory.probe import check_success, probe_prompts
-
-        with self.backend.generation_context():  # every rank enters (ZeRO-3 gathers the weights once), rank 0 works
-            if self.dist.is_main:
-                t = self.cfg.train
-                check_success(self.task, None)
-                examples = first_items(self.dataset, t.probe_limit)
-                with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
-                    torch.manual_seed(self.cfg.seed + 20_000 + self.state.step)
-                    records = probe_prompts(self.engine, self.task, examples, self.cfg.rollout, step=self.state.step,
-                                            checkpoint="live", split=t.split, samples=t.probe_samples,
-                                            success_threshold=None)
-                rundir.replace_probe(self.run_dir / rundir.PROBES, records)
-        distributed.barrier()
+    def probe(self) -> None:  # train.probe_every
+        live.probe(self)
 
     def save(self) -> Path:
-        return resume.save_run_state(self.run_dir, self.state.step, self.policy, self.backend, self.stream,
+        # sampling ahead: the stream position from before the first batch not yet trained (a resume samples the
+        # batches in flight again)
+        stream = self.pipeline.cursor(self.state.step) if self.pipeline is not None else self.stream
+        return resume.save_run_state(self.run_dir, self.state.step, self.policy, self.backend, stream,
                                      vars(self.state).copy(), self.cfg, self.cfg.train.keep_last)
 
     # ---- the loop -------------------------------------------------------------------------------------------------
@@ -465,6 +472,7 @@ class Trainer:
                 self._log({"step": 0, **self.evaluate()})
             if cfg.train.probe_every and self.state.step == 0:
                 self.probe()
+            self.start_pipeline()
             while self.state.step < cfg.train.max_steps:
                 metrics = self.train_step()
                 metrics.update(planned)
@@ -483,6 +491,8 @@ class Trainer:
                     self.runlog.note(f"stopped by signal at step {self.state.step}; checkpoint saved")
                     break
         finally:
+            if self.pipeline is not None:
+                self.pipeline.close()
             self.runlog.close()
             self.stopper.__exit__()
             if self.lock is not None:
