@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -29,14 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
-def serve() -> tuple[subprocess.Popen, str]:
-    """`mmgpg vllm-serve` of the tiny Qwen2-VL (each run's first sync gives it the run's own weights)."""
+def serve(log: Path) -> tuple[subprocess.Popen, str]:
+    """`mmgpg vllm-serve` of the tiny Qwen2-VL, its log in ``log`` (the run's first sync gives it the run's own
+    weights). One server per run: no run inherits another's engine state."""
     proc = subprocess.Popen([sys.executable, "-m", "mmgpg", "vllm-serve", "--model", "tiny", "--port", "0",
                              "--max-pixels", "12544", "--max-model-len", "1048"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=ENV, cwd=ROOT)
+                            stderr=log.open("w"), text=True, env=ENV, cwd=ROOT)
     url = next((line.split()[4] for line in proc.stdout if line.startswith("mmgpg vllm-serve: ready at ")), None)
     if not url:
-        raise RuntimeError(f"the server did not start (exit {proc.poll()})")
+        raise RuntimeError(f"the server did not start (exit {proc.poll()}); its log: {log}")
+    # keep reading its stdout (vLLM logs there): a full pipe would block the server's next log line, and with it
+    # the request that writes it
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
     return proc, url
 
 
@@ -113,25 +118,27 @@ def main() -> int:
     p.add_argument("--gpg-steps", type=int, default=100)
     p.add_argument("--eval-limit", type=int, default=100)
     p.add_argument("--out", help="write the markdown table here (and the raw numbers beside it as .json)")
+    p.add_argument("--workdir", help="where the runs and the servers' logs go (default: a new temporary folder)")
     args = p.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     plan = [(args.speed_seed, k, "token_tis") for k in (1, 0, 2)]  # K = 1 first: it does the seed's SFT
     plan += [(s, 1, c) for s in seeds for c in ("token_tis", "none") if (s, 1, c) not in plan]
     plan.sort(key=lambda x: x[0] != args.speed_seed)
-    proc, url = serve()
     results, sft = [], {}
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for i, (seed, k, correction) in enumerate(plan):
-                out = Path(tmp) / f"run{i}"
-                r = run(out, seed, url, k, correction, args, sft.get(seed, ""))
-                if seed not in sft:
-                    sft[seed] = str(sorted((out / "sft" / "checkpoints").glob("step-*"))[-1] / "policy")
-                results.append(r)
-                print(json.dumps({k: v for k, v in r.items() if k != "reward_curve"}), flush=True)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="mmgpg-async-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    for i, (seed, k, correction) in enumerate(plan):
+        out = work / f"run{i}"
+        proc, url = serve(work / f"server{i}.log")
+        try:
+            r = run(out, seed, url, k, correction, args, sft.get(seed, ""))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=120)
+        if seed not in sft:
+            sft[seed] = str(sorted((out / "sft" / "checkpoints").glob("step-*"))[-1] / "policy")
+        results.append(r)
+        print(json.dumps({k: v for k, v in r.items() if k != "reward_curve"}), flush=True)
     text = table(results, args)
     print(text)
     if args.out:

@@ -170,8 +170,10 @@ class AsyncRollout:
         with self._cond:
             return sum(k >= step for k in self._cursors)
 
-    def close(self, timeout: float = 600.0) -> None:
-        """Stop the thread after its current batch (a generation in progress is not interrupted)."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the thread: it starts no new batch. A generation in progress is not interrupted; after ``timeout``
+        seconds the run goes on without it (a daemon thread: it ends with the process, and the batch was never
+        trained, so a resume samples it again)."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()

@@ -22,7 +22,7 @@ if os.environ.get("MMGPG_REQUIRE_VLLM"):  # CI's vLLM environment: a broken vLLM
 else:
     pytest.importorskip("vllm", reason="vLLM is not installed here; run in the env scripts/vllm-cpu-env.sh builds")
 
-from support import FIXTURE_TASKS, comparable_run
+from support import FIXTURE_TASKS, comparable_run, start_vllm_server
 
 from mmgpg.config import resolve  # noqa: E402
 from mmgpg.models.load import load_policy  # noqa: E402
@@ -303,16 +303,7 @@ def test_train_cli_with_vllm_checkpoints_and_resumes_exactly(tmp_path):
 @pytest.fixture(scope="module")
 def server(tiny_dirs):
     """`mmgpg vllm-serve` on a free port, in a subprocess (as a user starts it in the vLLM environment)."""
-    proc = subprocess.Popen([sys.executable, "-m", "mmgpg", "vllm-serve", "--model", str(tiny_dirs["qwen2_vl"]),
-                             "--port", "0", "--max-pixels", "12544", "--max-model-len", "1048"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = None
-    for line in proc.stdout:  # blocks until the ready line (or the process ends)
-        if line.startswith("mmgpg vllm-serve: ready at "):
-            url = line.split()[4]
-            break
-    assert url, f"the server did not start (exit {proc.poll()})"
+    proc, url = start_vllm_server(tiny_dirs["qwen2_vl"], "--max-pixels", "12544", "--max-model-len", "1048")
     yield url, proc
     if proc.poll() is None:
         proc.terminate()
@@ -428,12 +419,8 @@ def test_sampled_eval_of_a_text_task_with_vllm_is_seeded_per_problem(tmp_path):
 def test_text_server_mode_same_rollouts_and_sync(tiny_text_dir, tiny_dirs):
     """`mmgpg vllm-serve --model <a text model>`: the same greedy rollouts as HF, log-probs that follow a sync, and a
     vision-language policy refused by the text server."""
-    proc = subprocess.Popen([sys.executable, "-m", "mmgpg", "vllm-serve", "--model", str(tiny_text_dir), "--port", "0",
-                             "--max-model-len", "1048"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc, url = start_vllm_server(tiny_text_dir, "--max-model-len", "1048")
     try:
-        url = next((line.split()[4] for line in proc.stdout if line.startswith("mmgpg vllm-serve: ready at ")), None)
-        assert url, f"the server did not start (exit {proc.poll()})"
         policy = load_policy(str(tiny_text_dir), dtype="float32", device="cpu", max_prompt_length=1024)
         server = [*TEXT_MODEL, "rollout.engine=vllm", f"rollout.vllm_server={url}", "rollout.vllm_server_timeout=60",
                   "rollout.max_new_tokens=24"]

