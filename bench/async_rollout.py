@@ -84,9 +84,22 @@ def reward_at(curve, fraction: float) -> float:
     return statistics.fmean(near)
 
 
+def _shown(argv: list[str]) -> list[str]:
+    """The command line as the results file shows it: without ``--workdir`` (a path of this machine)."""
+    out, skip = [], False
+    for a in argv:
+        if skip or a.startswith("--workdir="):
+            skip = False
+            continue
+        skip = a == "--workdir"
+        if not skip:
+            out.append(a)
+    return out
+
+
 def table(results: list[dict], args) -> str:
     lines = ["# Sampling ahead of the update (`rollout.max_staleness`) on the demo task, vLLM CPU server",
-             "", f"`{' '.join(['.venv-vllm/bin/python', 'bench/async_rollout.py', *sys.argv[1:]])}` on "
+             "", f"`{' '.join(['.venv-vllm/bin/python', 'bench/async_rollout.py', *_shown(sys.argv[1:])])}` on "
              f"{time.strftime('%Y-%m-%d')}: `mmgpg demo` (tiny Qwen2-VL on shapes, SFT warm start, then "
              f"{args.gpg_steps} GPG steps of 16 prompts x G = 8, 32 new tokens) with the RL stage on the vLLM engine "
              f"behind one `mmgpg vllm-serve`; torch on one thread in every process; evaluations on {args.eval_limit} "
