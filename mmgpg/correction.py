@@ -99,7 +99,7 @@ def rollout_correction_stats(log_ratio: torch.Tensor, weights: torch.Tensor, mas
 
 
 def step_metrics(stats: list[tuple[float, ...]], comm_device) -> dict[str, float]:
-    """``rollout_is/*`` of the step from each micro-batch's :func:`mmgpg.algorithms.rollout_correction_stats`, over
+    """``rollout_is/*`` of the step from each micro-batch's :func:`rollout_correction_stats`, over
     all ranks (collective): mean weight, the largest raw ratio (before the bound), the share of units (tokens or
     sequences) above the bound (truncated, or masked by seq_mis) and the normalised effective sample size."""
     sums = [sum(s[k] for s in stats) for k in range(4)]

@@ -106,7 +106,7 @@ class AsyncRollout:
                         return
                     self._engine_wait += time.perf_counter() - t0
                     self._cursors[step] = self.producer.stream.state_dict()  # before this batch draws
-                collected = self.producer.next_batch(step, policy_version=self.version(step))
+                collected = self.producer.next_batch(step, policy_version=need)
                 with self._cond:
                     self._ready[step] = collected
                     self._done = step + 1
@@ -145,7 +145,7 @@ class AsyncRollout:
     def before_sync(self, version: int) -> float:
         """Wait until every batch sampled with version ``version − 1`` is done (the engine must not sample while its
         weights change); returns the seconds waited."""
-        need = min(self.last, version - 1 + self.staleness + 1)  # batches b with v(b) <= version - 1
+        need = min(self.last, version + self.staleness)  # batches b with v(b) <= version - 1: b < version + K
         t0 = time.perf_counter()
         with self._cond:
             self._cond.wait_for(lambda: self._done >= need or self._error is not None)
@@ -164,11 +164,6 @@ class AsyncRollout:
         has not started that batch): what a checkpoint taken before ``step`` trains stores."""
         with self._cond:
             return _Cursor(self._cursors.get(step, self.producer.stream.state_dict()))
-
-    def in_flight(self, step: int) -> int:
-        """Batches at or after ``step`` that are sampled or being sampled (what a checkpoint now leaves in flight)."""
-        with self._cond:
-            return sum(k >= step for k in self._cursors)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the thread: it starts no new batch. A generation in progress is not interrupted; after ``timeout``
