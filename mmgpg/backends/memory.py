@@ -79,32 +79,46 @@ def zero3_working_set_bytes(largest_layer_params: int) -> int:
 
 
 def layer_activation_bytes_per_token(hidden: int, intermediate: int, heads: int, seq_len: int, precision: str,
-                                     kv_dim: int | None = None, masked: bool = True) -> int:
-    """Bytes one decoder layer saves for backward per token (HF Qwen2 layer, SDPA, no dropout).
+                                     kv_dim: int | None = None, masked: bool = True, q_dim: int | None = None,
+                                     kv_heads: int = 0, qk_norm: bool = False) -> int:
+    """Bytes one decoder layer saves for backward per token (HF Qwen2 / Qwen3 layer, SDPA, no dropout).
 
-    Counted tensor by tensor (h = hidden, I = intermediate, a = heads, s = padded sequence length): two RMSNorms
-    (input, 1/rms, normalised output), the inputs of the q/k/v/o and gate/up/down projections, SDPA's q, k, v,
-    output and log-sum-exp, and the SwiGLU intermediates (4·I). In a padded batch (``masked``, every RL batch)
-    transformers passes a mask to SDPA, so it repeats the KV heads (k and v saved at width kv = h) and SDPA turns the
-    boolean mask into a float bias of s per token (b = s); without a mask kv = ``kv_dim`` and b = 0:
+    Counted tensor by tensor (h = hidden, q = the query width heads x head_dim, I = intermediate, a = heads,
+    s = padded sequence length): two RMSNorms (input, 1/rms, normalised output), the inputs of the q/k/v/o and
+    gate/up/down projections, SDPA's q, k, v, output and log-sum-exp, and the SwiGLU intermediates (4·I). In a padded
+    batch (``masked``, every RL batch) transformers passes a mask to SDPA, so it repeats the KV heads (k and v saved at
+    width K = q) and SDPA turns the boolean mask into a float bias of s per token (b = s); without a mask K =
+    ``kv_dim`` and b = 0:
 
-    * fp32:      4·(8h + 2kv + 4I + a + 2) + 4b
-    * bf16:      20h + 4kv + 8I + 4a + 8 + 2b      (norms compute in fp32: their input and 1/rms are fp32 copies)
-    * autocast:  30h + 4kv + 8I + 4a + 8 + 2b      (fp32 residual stream and norms; each projection saves its own
-                                                     bf16 cast of its input; autocast's weight copies are separate)
+    * fp32:      4·(6h + 2q + 2K + 4I + a + 2) + 4b
+    * bf16:      16h + 4q + 4K + 8I + 4a + 8 + 2b      (norms compute in fp32: their input and 1/rms are fp32 copies)
+    * autocast:  26h + 4q + 4K + 8I + 4a + 8 + 2b      (fp32 residual stream and norms; each projection saves its own
+                                                        bf16 cast of its input; autocast's weight copies are separate)
 
-    All three equal the bytes torch.autograd.graph.saved_tensors_hooks sees on CPU (tests/unit/backends/test_memory.py: fp32 and
-    bf16 padded and unpadded, autocast unpadded). For comparison, Korthikanti et al. 2022 (arXiv:2205.05198) give
-    34·h bytes per token per layer for a GPT layer in 16-bit with a 4h MLP, plus 5·a·s without flash attention.
+    Qwen2's layer has q = h (its head_dim is hidden / heads): fp32 4·(8h + 2K + 4I + a + 2) + 4b. Qwen3's layer
+    (``qk_norm``: Qwen3, Qwen3-VL) normalises every query and key head with an RMSNorm before the rotary embedding,
+    which saves their inputs, 1/rms and outputs, with kvw = ``kv_dim`` (the unrepeated key width) and g = ``kv_heads``:
+    fp32 + 4·(2q + 2kvw + a + g), bf16 and autocast + 6q + 6kvw + 4a + 4g; and its q is heads x head_dim, which is
+    not h in every size (Qwen3-VL-4B: 32 x 128 = 4096 for h = 2560).
+
+    All equal the bytes torch.autograd.graph.saved_tensors_hooks sees on CPU (tests/unit/backends/test_memory.py:
+    Qwen2 fp32 and bf16 padded and unpadded, autocast unpadded; Qwen3 and Qwen3-VL's text stack in all three
+    precisions, padded and unpadded, at shapes with q != h). For comparison, Korthikanti et al. 2022
+    (arXiv:2205.05198) give 34·h bytes per token per layer for a GPT layer in 16-bit with a 4h MLP, plus 5·a·s
+    without flash attention.
     """
-    kv = hidden if masked else (kv_dim if kv_dim is not None else hidden)
+    q = hidden if q_dim is None else q_dim
+    kvw = kv_dim if kv_dim is not None else q
+    k = q if masked else kvw
     bias = seq_len if masked else 0
+    norms = (2 * q + 2 * kvw + heads + kv_heads) if qk_norm else 0  # the q/k norms' elements (fp32 in every precision)
     if precision == "fp32":
-        return 4 * (8 * hidden + 2 * kv + 4 * intermediate + heads + 2) + 4 * bias
+        return 4 * (6 * hidden + 2 * q + 2 * k + 4 * intermediate + heads + 2) + 4 * bias + 4 * norms
+    extra = (6 * q + 6 * kvw + 4 * heads + 4 * kv_heads) if qk_norm else 0
     if precision == "bf16":
-        return 20 * hidden + 4 * kv + 8 * intermediate + 4 * heads + 8 + 2 * bias
+        return 16 * hidden + 4 * q + 4 * k + 8 * intermediate + 4 * heads + 8 + 2 * bias + extra
     if precision == "autocast":
-        return 30 * hidden + 4 * kv + 8 * intermediate + 4 * heads + 8 + 2 * bias
+        return 26 * hidden + 4 * q + 4 * k + 8 * intermediate + 4 * heads + 8 + 2 * bias + extra
     raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
 
 
@@ -246,8 +260,8 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     spec = family_spec(shape.family)
     if not spec.planned_layers:
         raise ValueError(f"mmgpg plan does not model the {spec.title} decoder layers' activations: its formula was "
-                         "measured on Qwen2's layer and under-counts other layers (Qwen3's q/k norms +16 %, a Qwen3 MoE "
-                         "layer about +50 %, a Qwen3.5 linear-attention layer 2.6x, on tiny models); the family's "
+                         "measured on Qwen2's and Qwen3's dense layers and under-counts others (a Qwen3 MoE layer by "
+                         "about 50 %, a Qwen3.5 linear-attention layer 2.6x, on tiny models); the family's "
                          "Family.planned_layers is False. Measure its layer as tests/unit/backends/test_memory.py does")
     m, r, t = cfg.model, cfg.rollout, cfg.train
     world = gpus * nodes
@@ -281,7 +295,9 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     micro_groups = t.micro_batch_prompts if resampling else min(t.micro_batch_prompts, prompts_per_rank)
     sequences = micro_groups * r.group_size
     text_layer = layer_activation_bytes_per_token(shape.hidden, shape.intermediate, shape.heads, seq_len, precision,
-                                                  kv_dim=shape.kv_heads * shape.head_dim, masked=True)
+                                                  kv_dim=shape.kv_heads * shape.head_dim, masked=True,
+                                                  q_dim=shape.heads * shape.head_dim, kv_heads=shape.kv_heads,
+                                                  qk_norm=spec.qk_norm)
     text_ckpt = checkpointed_layer_bytes_per_token(shape.hidden, precision)
     text_act = activation_bytes(sequences * seq_len, shape.layers, text_layer, text_ckpt, t.gradient_checkpointing)
     per_gpu["activations_text"] = text_act

@@ -174,13 +174,15 @@ def register(sub) -> None:
                         "processor made locally, and save it as a Hugging Face directory that AutoProcessor and "
                         "AutoModelForImageTextToText load (a text family: AutoTokenizer and AutoModelForCausalLM). "
                         "--size shape_true uses a released checkpoint's dimensions (Qwen2-VL-2B / Qwen2.5-VL-3B; "
-                        "qwen2: DeepSeek-R1-Distill-Qwen-1.5B) for memory and speed measurements, shape_true_7b "
-                        "Qwen2.5-VL-7B's (qwen2: Qwen2.5-Math-7B); the sizes each family has are its Family.sizes.")
+                        "qwen2: DeepSeek-R1-Distill-Qwen-1.5B; qwen3_vl: Qwen3-VL-2B; qwen3: Qwen3-1.7B) for memory and "
+                        "speed measurements, shape_true_7b Qwen2.5-VL-7B's (qwen2: Qwen2.5-Math-7B), shape_true_4b / "
+                        "shape_true_8b Qwen3-VL-4B / 8B's (qwen3: Qwen3-4B / 8B); the sizes each family has are its "
+                        "Family.sizes.")
     t.add_argument("--out", required=True, help="output directory")
     t.add_argument("--family", choices=list(FAMILIES), default="qwen2_vl", help="a model_type (default qwen2_vl)")
-    t.add_argument("--size", choices=["tiny", "shape_true", "shape_true_7b"], default="tiny",
-                   help="tiny (~1M params; every family) or shape_true / shape_true_7b (a released checkpoint's "
-                   "dimensions, where the family has them; shape_true_7b with --config-only)")
+    t.add_argument("--size", choices=["tiny", "shape_true", "shape_true_4b", "shape_true_7b", "shape_true_8b"],
+                   default="tiny", help="tiny (~1M params; every family) or shape_true* (a released checkpoint's "
+                   "dimensions, where the family has them; the large ones with --config-only)")
     t.add_argument("--config-only", action="store_true",
                    help="write config.json only, no weights (enough for mmgpg plan and mmgpg model info)")
     t.add_argument("--seed", type=seed_flag, default=0)

@@ -22,6 +22,7 @@ def check(cfg: Config, *, task: bool = True) -> list[Problem]:
     ``task=False``: the task is not looked up (not imported), for readers of a run that do not use it."""
     p: list[Problem] = range_problems(cfg)
     m, r, a, t = cfg.model, cfg.rollout, cfg.algo, cfg.train
+    p += _check_template_kwargs(m.chat_template_kwargs)
     if m.max_pixels < m.min_pixels:
         p.append(Problem("model.max_pixels", m.max_pixels, f"It is below model.min_pixels={m.min_pixels}.",
                          "raise model.max_pixels or lower model.min_pixels."))
@@ -145,6 +146,22 @@ def _check_baselines(cfg: Config) -> list[Problem]:
                          "token and below L_max: the penalty ramps from L_max - L_cache to L_max.",
                          "set it to 0 (off), or in (0, 1), e.g. 0.2 (DAPO: 4096 of 20480)."))
     return p
+
+
+# Arguments of apply_chat_template that mmgpg sets itself (a conversation with a generation prompt, as text).
+RENDER_ARGUMENTS = ("conversation", "messages", "add_generation_prompt", "tokenize", "continue_final_message",
+                    "return_dict", "return_tensors", "chat_template")
+
+
+def _check_template_kwargs(kwargs: dict) -> list[Problem]:
+    """``model.chat_template_kwargs``: names of template variables, never one of the arguments mmgpg sets."""
+    bad = sorted(str(k) for k in kwargs if not isinstance(k, str) or k in RENDER_ARGUMENTS or not k.isidentifier())
+    if not bad:
+        return []
+    return [Problem("model.chat_template_kwargs", kwargs,
+                    f"{', '.join(bad)}: not a template variable mmgpg can pass (mmgpg sets "
+                    f"{', '.join(RENDER_ARGUMENTS)} itself; a variable is a Python identifier).",
+                    "keep template variables only, e.g. model.chat_template_kwargs.enable_thinking=false.")]
 
 
 def _check_registered(cfg: Config) -> list[Problem]:

@@ -64,6 +64,10 @@ class ModelConfig:
     """Run the vision tower once per prompt and share the features among its group_size completions when scoring."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters (rank 0: off). GRPO's reference is then the model with its adapter switched off."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for the checkpoint's chat template, in every prompt it renders (training, evaluation, both
+    engines), e.g. `model.chat_template_kwargs.enable_thinking=false` for Qwen3 / Qwen3.5 without thinking. A
+    variable the template does not read changes nothing."""
 
 
 @dataclass

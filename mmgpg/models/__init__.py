@@ -100,9 +100,12 @@ class Family:
     """Pattern of the vision-language merger's linear layers (``model.lora.merger``)."""
     planned_layers: bool = False
     """The planner's decoder-layer formula (:func:`mmgpg.backends.memory.layer_activation_bytes_per_token`, measured
-    on Qwen2's layer) holds for its language layers. False: ``mmgpg plan`` refuses it rather than guess (measured on
-    tiny models: a Qwen3 layer, with its q/k norms, saves 16 % more per token; a Qwen3 MoE layer about 50 % more; a
+    on Qwen2's and Qwen3's dense layers) holds for its language layers. False: ``mmgpg plan`` refuses it rather than
+    guess (measured on tiny models: a Qwen3 MoE layer saves about 50 % more per token than the dense formula says; a
     Qwen3.5 linear-attention layer 2.6 times as much)."""
+    qk_norm: bool = False
+    """Its attention normalises each query and key head (Qwen3's q_norm / k_norm): the planner counts what those
+    norms save."""
     vision_block_bytes: tuple[tuple[int, int, int], tuple[int, int, int]] | None = None
     """The planner's bytes a vision block saves for backward per patch, ``a·D + b·M + c`` with D its width and M its
     MLP width, as ``((a, b, c) fp32, (a, b, c) bf16)``, measured (tests/unit/backends/test_memory.py); None: the

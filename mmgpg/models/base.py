@@ -100,6 +100,8 @@ class PolicyBase:
         self.family = family
         self.spec = family_spec(family)  # the family's declared facts (mmgpg.models.FAMILIES)
         self.max_prompt_length = max_prompt_length
+        # extra chat-template variables in every prompt rendered (model.chat_template_kwargs; set by load_policy)
+        self.chat_template_kwargs: dict[str, Any] = {}
         self.suppressed_token_ids = []
         tokenizer.padding_side = "left"
         gen = model.generation_config

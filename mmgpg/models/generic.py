@@ -84,7 +84,8 @@ class ImageTextPolicy(PolicyBase):
                 else:
                     raise ValueError(f"raw prompt parts are images or text; got {part!r}")
             return "".join(pieces)
-        return self.processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        return self.processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
+                                                  **self.chat_template_kwargs)
 
     @staticmethod
     def _images(conversation: list[dict], where: str) -> list:

@@ -33,7 +33,7 @@ def resolve_model_path(name_or_path: str) -> str:
     family = name_or_path.partition(":")[2] or "qwen2_vl"
     if family not in FAMILIES:
         raise ValueError(f"unknown tiny model family {family!r}; use one of: tiny, " + ", ".join(f"tiny:{f}" for f in FAMILIES))
-    target = cache_dir() / f"tiny-{family}-seed0"
+    target = cache_dir() / f"tiny-{family}-seed0-{_builder_fingerprint(family)}"
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -63,6 +63,21 @@ def _zero3_construction_off():
         yield
     finally:
         hf_deepspeed._hf_deepspeed_config_weak_ref = saved
+
+
+def _builder_fingerprint(family: str) -> str:
+    """A digest of the code that builds ``family``'s tiny model (:mod:`mmgpg.models.tiny`, the family's file and the
+    shared Qwen templates): a cached model built by other code (another template, other dimensions) is not reused."""
+    import hashlib
+    import importlib.util
+
+    from mmgpg.models import family as family_spec
+
+    digest = hashlib.sha256()
+    for module in ("mmgpg.models.tiny", "mmgpg.models.qwen2", family_spec(family).tiny.partition(":")[0]):
+        spec = importlib.util.find_spec(module)
+        digest.update(Path(spec.origin).read_bytes() if spec and spec.origin else module.encode())
+    return digest.hexdigest()[:12]
 
 
 def _build_tiny(target: Path, family: str) -> None:
@@ -162,6 +177,7 @@ def load_policy(
     attn_implementation: str | None = "sdpa",
     device: torch.device | str | None = None,
     max_prompt_length: int | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> Policy:
     """Load a policy from a hub id or a local directory (never ``trust_remote_code``): the class is the one the
     checkpoint's ``model_type`` names in :data:`mmgpg.models.FAMILIES` (the Qwen-VL policy, the text policy, ...).
@@ -169,7 +185,8 @@ def load_policy(
     ``name_or_path`` may also be ``tiny`` or ``tiny:<family>`` (``tiny:qwen3_vl``, ``tiny:qwen2``) for a model built offline
     (:mod:`mmgpg.models.tiny`). ``device="meta"`` builds the model without reading its weights (for checks that need
     only shapes and the processor, such as ``mmgpg check``). ``min_pixels``/``max_pixels`` apply to models that take
-    images only.
+    images only. ``chat_template_kwargs``: extra variables for the chat template in every prompt the policy renders
+    (``model.chat_template_kwargs``).
     """
     import transformers
 
@@ -210,7 +227,9 @@ def load_policy(
             model = model.to(device)
     processor = no_remote_code(getattr(transformers, cls.auto_processor).from_pretrained, path)
     options = dict(min_pixels=min_pixels, max_pixels=max_pixels) if cls.takes_images else {}
-    return cls(model, processor, max_prompt_length=max_prompt_length, **options)
+    policy = cls(model, processor, max_prompt_length=max_prompt_length, **options)
+    policy.chat_template_kwargs = dict(chat_template_kwargs or {})
+    return policy
 
 
 def zero3_partitioned(model: torch.nn.Module) -> bool:
@@ -262,7 +281,8 @@ def load_policy_for(model_cfg, device: torch.device | str, *, source: str | None
     """
     return load_policy(source or model_cfg.name_or_path, dtype=dtype or model_cfg.dtype, min_pixels=model_cfg.min_pixels,
                        max_pixels=model_cfg.max_pixels, attn_implementation=model_cfg.attn_implementation,
-                       device=device, max_prompt_length=model_cfg.max_prompt_length)
+                       device=device, max_prompt_length=model_cfg.max_prompt_length,
+                       chat_template_kwargs=model_cfg.chat_template_kwargs)
 
 
 def load_for_training(model_cfg, device, dtype: str, checkpoint: Path | None = None, *,

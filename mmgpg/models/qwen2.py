@@ -39,10 +39,11 @@ QWEN2 = Family(
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
 
-def chat_template(default_system: str | None, part: str) -> str:
+def chat_template(default_system: str | None, part: str, after_generation_prompt: str = "") -> str:
     """A Qwen chat template (ChatML): ``<|im_start|>role\n ... <|im_end|>\n`` per turn, a default system turn first
     when ``default_system`` is given and the conversation has none, and ``part`` (a Jinja ``if`` chain over
-    ``part``) rendering each content part of a message whose content is a list."""
+    ``part``) rendering each content part of a message whose content is a list; ``after_generation_prompt`` (Jinja)
+    follows the assistant header of the generation prompt."""
     system = ("{%- if loop.first and message['role'] != 'system' -%}"
               "<|im_start|>system{{ nl }}" + default_system + "<|im_end|>{{ nl }}"
               "{%- endif -%}") if default_system is not None else ""
@@ -55,7 +56,7 @@ def chat_template(default_system: str | None, part: str) -> str:
             "{%- endfor -%}{%- endif -%}"
             "<|im_end|>{{ nl }}"
             "{%- endfor -%}"
-            "{%- if add_generation_prompt -%}<|im_start|>assistant{{ nl }}{%- endif -%}")
+            "{%- if add_generation_prompt -%}<|im_start|>assistant{{ nl }}" + after_generation_prompt + "{%- endif -%}")
 
 
 # Content parts: one ``<|vision_start|><|image_pad|><|vision_end|>`` per image (``<|video_pad|>`` per video), text as

@@ -18,6 +18,7 @@ Imports no torch at module level.
 from __future__ import annotations
 
 from mmgpg.models import Family
+from mmgpg.models import family as family_spec
 from mmgpg.models.qwen2 import MEDIA_PARTS, MROPE_PACKING, TEXT_PARTS, chat_template
 from mmgpg.models.tiny import QWEN_SPECIAL_TOKENS, TINY, Dims, check_choice
 
@@ -34,7 +35,9 @@ _QWEN_VL = dict(policy="mmgpg.models.qwen_vl:QwenVLPolicy", tiny="mmgpg.models.q
 RECURRENT_PACKING = ("its linear-attention layers carry a recurrent state from one packed row into the next (and "
                      "transformers passes them no sequence boundaries); micro-batches are length-grouped and trimmed "
                      "instead")
-QWEN3_VL = Family("qwen3_vl", "Qwen3-VL", vllm=True, example="Qwen/Qwen3-VL-2B-Instruct", packing_note=MROPE_PACKING, **_QWEN_VL)
+QWEN3_VL = Family("qwen3_vl", "Qwen3-VL", vllm=True, example="Qwen/Qwen3-VL-2B-Instruct", packing_note=MROPE_PACKING,
+                  sizes=("tiny", "shape_true", "shape_true_4b", "shape_true_8b"), planned_layers=True, qk_norm=True,
+                  **_QWEN_VL)
 QWEN3_VL_MOE = Family("qwen3_vl_moe", "Qwen3-VL-MoE", example="Qwen/Qwen3-VL-30B-A3B-Instruct",
                       packing_note=MROPE_PACKING, zero3_init=False, vllm=False, vllm_note=(
                           "vLLM loads its experts in the released checkpoints' layout ([experts, in, out]), which "
@@ -57,14 +60,19 @@ QWEN3_5_MOE = Family("qwen3_5_moe", "Qwen3.5-MoE", example="Qwen/Qwen3.5-35B-A3B
                          "post-sync check measured a mean difference of 0.049 after the first update, 1e-3 before)"),
                      **_QWEN3_5, **_QWEN_VL)
 QWEN3 = Family("qwen3", "Qwen3 (text)", vllm=True, policy="mmgpg.models.text:TextPolicy", tiny="mmgpg.models.qwen3",
-               example="Qwen/Qwen3-1.7B", takes_images=False, vision_module="", packing=True)
+               example="Qwen/Qwen3-1.7B", takes_images=False, vision_module="", packing=True,
+               sizes=("tiny", "shape_true", "shape_true_4b", "shape_true_8b"), planned_layers=True, qk_norm=True)
 QWEN3_5_TEXT = Family("qwen3_5_text", "Qwen3.5 (text)", vllm=True, policy="mmgpg.models.text:TextPolicy",
                       tiny="mmgpg.models.qwen3", example="a Qwen3.5 language model saved as Qwen3_5ForCausalLM",
                       takes_images=False, vision_module="", packing_note=RECURRENT_PACKING, **_QWEN3_5)
 
-# Qwen3's released chat templates open with no default system turn (Qwen2's had one).
-CHAT_TEMPLATE = chat_template(None, MEDIA_PARTS)
-TEXT_CHAT_TEMPLATE = chat_template(None, TEXT_PARTS)
+# Qwen3's released chat templates open with no default system turn (Qwen2's had one). Qwen3's thinking templates turn
+# thinking off with the template variable enable_thinking=false (model.chat_template_kwargs): the generation prompt
+# then ends in an empty think block, as the tiny models' templates do too.
+NO_THINKING = ("{%- if enable_thinking is defined and enable_thinking is false -%}"
+               "<think>{{ nl }}{{ nl }}</think>{{ nl }}{{ nl }}{%- endif -%}")
+CHAT_TEMPLATE = chat_template(None, MEDIA_PARTS, NO_THINKING)
+TEXT_CHAT_TEMPLATE = chat_template(None, TEXT_PARTS, NO_THINKING)
 
 # The tiny models' extra dimensions: head_dim 32 (interleaved M-RoPE sections summing to 16), 4 experts with 2 active
 # per token in the MoE, a vision tower of patch 16 whose first block feeds a DeepStack merger. Qwen3.5: one
@@ -78,9 +86,26 @@ TINY_QWEN3_5 = dict(head_dim=64, layer_types=["linear_attention", "full_attentio
 QWEN3_5_ROPE = {"partial_rotary_factor": 0.25, "mrope_section": [3, 3, 2], "mrope_interleaved": True}
 
 
+# Released dimensions (``mmgpg model tiny --family qwen3_vl|qwen3 --size shape_true|shape_true_4b|shape_true_8b``,
+# for the planner and speed measurements). Qwen3-VL-2B/4B/8B-Instruct's language models have the dimensions of the
+# Qwen3-1.7B/4B/8B language models (Qwen3 technical report, arXiv:2505.09388, Table 1: 28/36/36 layers, 16/32/32
+# query and 8 KV heads, head size 128, embeddings tied in 1.7B and 4B, not in 8B; their config.json: hidden_size
+# 2048/2560/4096, intermediate_size 6144/9728/12288, vocab_size 151936). Qwen3-VL's config.json adds rope_theta 5e6
+# with interleaved mrope_section [24, 20, 20], and its vision tower: depth 24, width 1024, MLP 4096, 16 heads,
+# DeepStack taps after blocks 5, 11, 17 (2B and 4B); depth 27, width 1152, MLP 4304, 16 heads, taps 8, 16, 24 (8B);
+# patch 16, 2304 learned position embeddings. The text-only Qwen3 sizes use rope_theta 1e6.
+SHAPE_TRUE = {
+    "shape_true": Dims(151936, 2048, 6144, 28, 16, 8, (24, 20, 20), 5e6, True, 24, 1024, 16, 4096, 128),
+    "shape_true_4b": Dims(151936, 2560, 9728, 36, 32, 8, (24, 20, 20), 5e6, True, 24, 1024, 16, 4096, 128),
+    "shape_true_8b": Dims(151936, 4096, 12288, 36, 32, 8, (24, 20, 20), 5e6, False, 27, 1152, 16, 4304, 128),
+}
+DEEPSTACK = {"shape_true": [5, 11, 17], "shape_true_4b": [5, 11, 17], "shape_true_8b": [8, 16, 24]}
+_SIZE_OF = {d: size for size, d in SHAPE_TRUE.items()}
+
+
 def dims(family: str, size: str) -> Dims:
-    check_choice("size", size, ("tiny",))
-    return TINY
+    check_choice("size", size, family_spec(family).sizes)
+    return TINY if size == "tiny" else SHAPE_TRUE[size]
 
 
 def processor(family: str, tokenizer, min_pixels: int = 56 * 56, max_pixels: int = 112 * 112):
@@ -105,23 +130,29 @@ def config(family: str, dims: Dims, tokenizer):
     from transformers import Qwen3Config, Qwen3VLConfig, Qwen3VLMoeConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN_SPECIAL_TOKENS}
-    head_dim = dims.text_hidden // dims.text_heads
+    head_dim = dims.text_head_dim
+    size = _SIZE_OF.get(dims)
     text = dict(vocab_size=dims.vocab_size, hidden_size=dims.text_hidden, intermediate_size=dims.text_intermediate,
                 num_hidden_layers=dims.text_layers, num_attention_heads=dims.text_heads,
                 num_key_value_heads=dims.text_kv_heads, head_dim=head_dim, max_position_embeddings=32768,
                 bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"],
                 tie_word_embeddings=dims.tie_word_embeddings)
     if family == "qwen3":
-        return Qwen3Config(**text, rope_parameters={"rope_type": "default", "rope_theta": dims.rope_theta})
+        theta = 1e6 if size else dims.rope_theta  # the text models' own (Qwen3-VL's language model: 5e6)
+        return Qwen3Config(**text, rope_parameters={"rope_type": "default", "rope_theta": theta})
     if family.startswith("qwen3_5"):
         return _qwen3_5(family, dict(text, **TINY_QWEN3_5), dims, ids)
-    if sum(TINY_MROPE_SECTION) * 2 != head_dim:
-        raise ValueError(f"mrope_section {TINY_MROPE_SECTION} must sum to head_dim/2 = {head_dim // 2}")
+    section = dims.mrope_section if size else TINY_MROPE_SECTION
+    if sum(section) * 2 != head_dim:
+        raise ValueError(f"mrope_section {section} must sum to head_dim/2 = {head_dim // 2}")
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": dims.rope_theta,
-                               "mrope_section": list(TINY_MROPE_SECTION), "mrope_interleaved": True}
+                               "mrope_section": list(section), "mrope_interleaved": True}
+    if size:
+        text["max_position_embeddings"] = 262144
     vision = dict(depth=dims.vision_depth, hidden_size=dims.vision_dim, intermediate_size=dims.vision_intermediate,
                   num_heads=dims.vision_heads, patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
-                  out_hidden_size=dims.text_hidden, num_position_embeddings=64, deepstack_visual_indexes=[0])
+                  out_hidden_size=dims.text_hidden, num_position_embeddings=2304 if size else 64,
+                  deepstack_visual_indexes=DEEPSTACK[size] if size else [0])
     token_ids = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                      vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
                      tie_word_embeddings=dims.tie_word_embeddings)

@@ -103,7 +103,8 @@ class QwenVLPolicy(PolicyBase):
                 else:
                     raise ValueError(f"raw prompt parts are images or text; got {part!r}")
             return "".join(pieces)
-        return self.processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        return self.processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
+                                                  **self.chat_template_kwargs)
 
     def encode_prompts(self, conversations: Sequence[list[dict]]) -> PromptBatch:
         """Turn chat conversations into one left-padded batch.

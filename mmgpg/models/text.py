@@ -136,7 +136,8 @@ class TextPolicy(PolicyBase):
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError(f"the {self.family} tokenizer has no chat template, and mmgpg renders chat prompts with "
                              "it: use a checkpoint whose tokenizer has one, or raw prompts ({'role': 'raw', ...}).")
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                  **self.chat_template_kwargs)
 
     def encode_prompts(self, conversations: Sequence[list[dict]]) -> PromptBatch:
         """Turn chat conversations into one left-padded batch (the rendered text tokenized as is: the chat template

@@ -13,7 +13,7 @@ provides ``dims(family, size)``, ``config(family, dims, tokenizer)``, ``processo
 ``model_class(family)``, and may provide ``finish(model)`` (changes to the random model, before its dtype).
 
 Sizes: ``tiny`` (about 1 M parameters, for tests and the CPU demo) for every family; ``shape_true`` /
-``shape_true_7b`` (a released checkpoint's dimensions, randomly initialised, for memory and speed measurements and
+``shape_true_7b`` / ``shape_true_4b`` / ``shape_true_8b`` (a released checkpoint's dimensions, randomly initialised, for memory and speed measurements and
 ``mmgpg plan``) where the family declares them (``Family.sizes``). The tokenizer is the small local one at every
 size (ids < 1,024), which changes no tensor shape the model computes with.
 """
@@ -75,15 +75,15 @@ class Dims:
     vision_dim: int
     vision_heads: int
     vision_intermediate: int  # Qwen2-VL: embed_dim * mlp_ratio; Qwen2.5-VL: intermediate_size
+    head_dim: int = 0  # 0: text_hidden // text_heads (Qwen2); Qwen3 states it (128 in every released size)
+
+    @property
+    def text_head_dim(self) -> int:
+        return self.head_dim or self.text_hidden // self.text_heads
 
 
 TINY_VOCAB = 1024
 # head_dim 32 -> mrope_section must sum to head_dim / 2 = 16.
-TINY = Dims(TINY_VOCAB, 128, 512, 2, 4, 2, (4, 6, 6), 1e4, False, 2, 64, 4, 128)
-
-
-TINY_VOCAB = 1024
-# head_dim 32 -> an M-RoPE section must sum to head_dim / 2 = 16.
 TINY = Dims(TINY_VOCAB, 128, 512, 2, 4, 2, (4, 6, 6), 1e4, False, 2, 64, 4, 128)
 
 

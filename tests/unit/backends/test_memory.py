@@ -69,6 +69,13 @@ def test_parameter_counts_match_the_architecture(config_dirs, key, dims, family,
     assert shape.largest_layer_params == dims.vocab_size * dims.text_hidden
 
 
+@pytest.mark.parametrize("size, billions", [("shape_true", 2.13), ("shape_true_4b", 4.44), ("shape_true_8b", 8.77)])
+def test_qwen3_vl_shapes_have_the_released_parameter_counts(tmp_path, size, billions):
+    """Qwen3-VL-2B/4B/8B-Instruct: 2.13 B, 4.44 B and 8.77 B parameters on their model cards (rounded there)."""
+    shape = P.model_shape(str(save_config_only(tmp_path / size, "qwen3_vl", size)))
+    assert round(shape.params / 1e9, 2) == billions and shape.head_dim == 128 and shape.family == "qwen3_vl"
+
+
 # ---- model states: hand-computed ---------------------------------------------------------------------------------
 
 
@@ -119,23 +126,40 @@ def test_buffers_hand_computed():
 # ---- activations and KV cache: the formulas against what torch really keeps ---------------------------------------
 
 
-def _text_model(layers: int, dtype: torch.dtype, h=256, i=768, heads=8, kv=2):
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+def _text_model(layers: int, dtype: torch.dtype, h=256, i=768, heads=8, kv=2, family="qwen2_vl", head_dim=None):
+    """The language model of a Qwen2-VL (or ``family`` = qwen3_vl: Qwen3-VL's, qwen3: the text Qwen3) of these
+    dimensions."""
+    import transformers
 
     torch.manual_seed(0)
     text = dict(vocab_size=512, hidden_size=h, intermediate_size=i, num_hidden_layers=layers, num_attention_heads=heads,
-                num_key_value_heads=kv, bos_token_id=0, eos_token_id=1, pad_token_id=0,
-                rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 6, 6]})
-    config = Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=32, hidden_size=h, num_heads=2),
-                           image_token_id=500, video_token_id=501, vision_start_token_id=502, vision_end_token_id=503)
-    return Qwen2VLForConditionalGeneration(config).to(dtype).train()
+                num_key_value_heads=kv, bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    ids = dict(image_token_id=500, video_token_id=501, vision_start_token_id=502, vision_end_token_id=503)
+    if family == "qwen3":
+        config = transformers.Qwen3Config(**text, head_dim=head_dim, rope_parameters={"rope_type": "default",
+                                                                                      "rope_theta": 1e4})
+        return transformers.Qwen3ForCausalLM(config).to(dtype).train()
+    if family == "qwen3_vl":  # interleaved M-RoPE sections over head_dim / 2
+        half = head_dim // 2
+        section = [half - 2 * (half // 3), half // 3, half // 3]
+        text.update(head_dim=head_dim, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                        "mrope_section": section, "mrope_interleaved": True})
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=h,
+                      deepstack_visual_indexes=[])
+        model = transformers.Qwen3VLForConditionalGeneration(transformers.Qwen3VLConfig(
+            text_config=text, vision_config=vision, **ids))
+        return model.to(dtype).train()
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 6, 6]}
+    config = transformers.Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=32, hidden_size=h,
+                                                                             num_heads=2), **ids)
+    return transformers.Qwen2VLForConditionalGeneration(config).to(dtype).train()
 
 
 def _saved_bytes(layers: int, dtype: torch.dtype, seq: int, checkpointing: bool = False, padded: bool = True,
-                 autocast: bool = False) -> int:
+                 autocast: bool = False, **shape) -> int:
     """Bytes of the distinct non-parameter storages autograd saves in one forward of the language model (under CPU
     autocast, the bf16 copies of the weights are left out: the planner counts them on their own row)."""
-    model = _text_model(layers, dtype)
+    model = _text_model(layers, dtype, **shape)
     if checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -153,12 +177,27 @@ def _saved_bytes(layers: int, dtype: torch.dtype, seq: int, checkpointing: bool 
         mask[0, :5] = 0  # left padding, as in every RL batch: transformers then passes a mask to SDPA
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with ctx, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model.model.language_model(input_ids=ids, attention_mask=mask, use_cache=False)
+        stack = model.model if shape.get("family") == "qwen3" else model.model.language_model
+        stack(input_ids=ids, attention_mask=mask, use_cache=False)
     weight_copies = 0
     if autocast:  # q, k, v, o, gate, up, down weights of every layer, cast to bf16 once per forward
         linear = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.ndim == 2]
         weight_copies = 2 * sum(w.numel() for w in linear if w.shape != model.lm_head.weight.shape)
     return sum(storages.values()) - weight_copies
+
+
+@pytest.mark.parametrize("family", ["qwen3_vl", "qwen3"])
+@pytest.mark.parametrize("dtype, precision, autocast", [(torch.float32, "fp32", False), (torch.bfloat16, "bf16", False),
+                                                         (torch.float32, "autocast", True)])
+@pytest.mark.parametrize("padded", [True, False])
+def test_qwen3_layer_activations_equal_what_autograd_saves(family, dtype, precision, autocast, padded):
+    # Qwen3's q/k norms, and a query width (4 heads x 64 = 256) that is not the hidden size (128), as in Qwen3-VL-4B.
+    shape = dict(h=128, i=384, heads=4, kv=2, head_dim=64, family=family)
+    per_layer = (_saved_bytes(2, dtype, 32, padded=padded, autocast=autocast, **shape)
+                 - _saved_bytes(1, dtype, 32, padded=padded, autocast=autocast, **shape))
+    assert per_layer == 2 * 32 * P.layer_activation_bytes_per_token(128, 384, 4, 32, precision, kv_dim=2 * 64,
+                                                                      masked=padded, q_dim=4 * 64, kv_heads=2,
+                                                                      qk_norm=True)
 
 
 @pytest.mark.parametrize("dtype, precision", [(torch.float32, "fp32"), (torch.bfloat16, "bf16")])

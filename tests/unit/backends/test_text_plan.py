@@ -90,12 +90,12 @@ def test_cli_plan_prints_no_vision_rows(dirs, capsys):
     assert data["model"]["family"] == "qwen2" and "activations_vision" not in data["per_gpu_bytes"]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "qwen3_vl", "qwen3_5", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3_vl_moe", "qwen3_5", "qwen3_5_text", "gemma3"])
 def test_layers_the_planner_has_not_measured_are_refused_not_guessed(family, capsys):
-    """The decoder-layer formula was measured on Qwen2's layer; another family's layers (Qwen3's q/k norms, MoE,
-    linear attention, Gemma's) are refused with the reason, even with a frozen vision tower, and no plan is printed."""
-    rc = main(["plan", f"model.name_or_path=tiny:{family}", "train.freeze_vision=true" if family != "qwen3" else
-               "train.max_steps=1", "--gpus", "1", "--gpu-memory-gb", "80"])
+    """The decoder-layer formula was measured on Qwen2's and Qwen3's dense layers; other layers (MoE, linear
+    attention, Gemma's) are refused with the reason, even with a frozen vision tower, and no plan is printed."""
+    rc = main(["plan", f"model.name_or_path=tiny:{family}", "train.freeze_vision=true" if family != "qwen3_5_text"
+               else "train.max_steps=1", "--gpus", "1", "--gpu-memory-gb", "80"])
     err = capsys.readouterr().err
     assert rc != 0 and "does not model the" in err and "decoder layers" in err and "planned_layers" in err
 
@@ -103,7 +103,23 @@ def test_layers_the_planner_has_not_measured_are_refused_not_guessed(family, cap
 def test_check_with_gpus_warns_about_an_unplanned_family_and_runs_the_rest(capsys):
     """``mmgpg check --gpus`` on a family the planner refuses: the memory row is a warning naming why, every other
     check still runs, and the exit code is 0."""
-    rc = main(["check", "task=arith", "model.name_or_path=tiny:qwen3", "--examples", "1", "--gpus", "1",
+    rc = main(["check", "task=arith", "model.name_or_path=tiny:qwen3_5_text", "--examples", "1", "--gpus", "1",
                "--gpu-memory-gb", "80"])
     out = capsys.readouterr().out
     assert rc == 0 and "not planned" in out and "gold answer" in out and "1 warning(s)" in out
+
+
+def test_qwen3_vl_4b_plans_its_query_width_and_qk_norms(tmp_path, capsys):
+    """Qwen3-VL-4B's layer: hidden 2560 but 32 query heads of 128 (q = 4096), q/k norms. The GEOQA recipe's
+    micro-batch (8 sequences x 1280 tokens, ZeRO-3 bf16) saves, per token and layer (by hand, the formula's terms):
+    16·2560 + 4·4096 + 4·4096 (keys repeated) + 8·9728 + 4·32 + 8 + 2·1280 (mask bias) + the norms' 6·4096 + 6·1024 +
+    4·32 + 4·8 = 185,128 bytes; x 10,240 tokens x 36 layers = 68,245,585,920 bytes. With q = h (the Qwen2 formula)
+    or without the norms the number differs."""
+    from mmgpg.models.tiny import save_config_only
+
+    path = save_config_only(tmp_path / "q3vl4b", "qwen3_vl", "shape_true_4b")
+    rc = main(["plan", "recipe=geoqa_gpg", f"model.name_or_path={path}", "--gpus", "2", "--gpu-memory-gb", "80",
+               "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["per_gpu_bytes"]["activations_text"] == 185_128 * 10_240 * 36
+    assert data["model"]["family"] == "qwen3_vl" and rc in (0, 1)
