@@ -60,6 +60,13 @@ class ModelConfig:
     always, never, or auto = always with attn_implementation=flash_attention_2 (its varlen kernel makes attention cost the sum of
     the rows' squared lengths). With sdpa/eager a packed row needs a block mask over the whole packed length, so
     auto does not pack there; micro-batches are then length-grouped and trimmed to their longest row."""
+    video_fps: float = bounded(2.0, gt=0, why="Frames are sampled at a positive rate.")
+    """Video parts (Qwen-VL families): a video file is sampled at this many frames per second (qwen-vl-utils' default,
+    2); for a list of frames, the rate they were taken at (Qwen3-VL's timestamps, Qwen2.5-VL's temporal positions).
+    A part's own `fps` wins."""
+    video_max_frames: int = bounded(16, ge=2, why="Qwen-VL encodes frames in pairs (temporal patch 2).")
+    """Video parts: at most this many frames per video (a longer file or frame list is sampled evenly); each frame is
+    resized within min_pixels .. max_pixels like an image, so a video costs about frames / 2 x an image's tokens."""
     encode_images_once: bool = True
     """Run the vision tower once per prompt and share the features among its group_size completions when scoring."""
     lora: LoraConfig = field(default_factory=LoraConfig)

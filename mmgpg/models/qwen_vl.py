@@ -4,8 +4,9 @@ needs from them.
 Everything Qwen-VL-specific (``pixel_values`` rows and ``image_grid_thw``, M-RoPE, vision special tokens, DeepStack
 features) stays in this file. The rest of mmgpg sees three operations:
 
-* :meth:`Policy.encode_prompts` — chat conversations with images → one left-padded :class:`PromptBatch`. Images go
-  through ``qwen_vl_utils`` (paths, URLs, base64, PIL) with the configured ``min_pixels``/``max_pixels``; rollout and
+* :meth:`Policy.encode_prompts` — chat conversations with images and videos → one left-padded :class:`PromptBatch`.
+  Images and videos go through ``qwen_vl_utils`` (paths, URLs, base64, PIL; a video file or a list of frames) with the
+  configured ``min_pixels``/``max_pixels`` (per video frame too), ``video_fps`` and ``video_max_frames``; rollout and
   training share this single path.
 * :meth:`Policy.generate` — ``group_size`` sampled completions per prompt (:class:`CompletionBatch`), prompt-major order
   (prompt 0's completions first). The completion mask ends at the first EOS of *any* id in the generation config.
@@ -16,7 +17,8 @@ features) stays in this file. The rest of mmgpg sees three operations:
   the one vision-tower pass.
 
 A prompt's vision inputs travel per prompt (:attr:`PromptBatch.vision`: its ``pixel_values`` rows and its images'
-``image_grid_thw``); they are joined for a forward (:func:`~mmgpg.models.batch.join_vision`), which gives exactly the
+``image_grid_thw``, its videos' ``pixel_values_videos`` rows, ``video_grid_thw`` and, for Qwen2.5-VL,
+``second_per_grid_ts``); they are joined for a forward (:func:`~mmgpg.models.batch.join_vision`), which gives exactly the
 processor's batched tensors.
 
 The EOS, sampling and scoring rules are :class:`mmgpg.models.base.PolicyBase`'s, shared with the text policy.
@@ -25,6 +27,7 @@ The EOS, sampling and scoring rules are :class:`mmgpg.models.base.PolicyBase`'s,
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -71,19 +74,27 @@ class QwenVLPolicy(PolicyBase):
         self.vision_token_ids: list[int] = [i for i in ids if i is not None and i != tok.unk_token_id]
         self.suppressed_token_ids = self.vision_token_ids  # never sampled, excluded from the scored softmax
         self.image_token_id: int = model.config.image_token_id
+        self.video_token_id: int | None = getattr(model.config, "video_token_id", None)
         self.patch_size: int = int(getattr(processor.image_processor, "patch_size", 14))  # Qwen3-VL: 16
+        # Video frames: sampled at video_fps from a file (qwen-vl-utils), at most video_max_frames of them; a list of
+        # frames longer than that is subsampled evenly (model.video_fps / model.video_max_frames; set by load_policy).
+        self.video_fps: float = 2.0
+        self.video_max_frames: int = 16
 
     # ---- prompts --------------------------------------------------------------------------------------------------
 
-    def _with_pixel_bounds(self, conversation: list[dict]) -> list[dict]:
+    def _with_media_defaults(self, conversation: list[dict]) -> list[dict]:
+        """The conversation with the policy's pixel bounds on every image and video part that sets none, and its
+        frame budget on every video part (:func:`video_part`)."""
         conversation = copy.copy(conversation)
         for m, message in enumerate(conversation):
             if isinstance(message.get("content"), list):
                 parts = []
                 for part in message["content"]:
-                    if isinstance(part, dict) and part.get("type") == "video" or (isinstance(part, dict) and "video" in part):
-                        raise ValueError("video inputs are not supported by mmgpg yet; give images")
-                    if isinstance(part, dict) and (part.get("type") in ("image", "image_url") or "image" in part):
+                    if _is_video(part):
+                        part = video_part(part, self.video_fps, self.video_max_frames, self.min_pixels,
+                                          self.max_pixels)
+                    elif isinstance(part, dict) and (part.get("type") in ("image", "image_url") or "image" in part):
                         part = {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, **part}
                     parts.append(part)
                 conversation[m] = {**message, "content": parts}
@@ -98,10 +109,12 @@ class QwenVLPolicy(PolicyBase):
             for part in conversation[0]["content"]:
                 if part.get("type") in ("image", "image_url") or "image" in part:
                     pieces.append("<|vision_start|><|image_pad|><|vision_end|>")
+                elif _is_video(part):
+                    pieces.append("<|vision_start|><|video_pad|><|vision_end|>")
                 elif part.get("type") == "text":
                     pieces.append(str(part["text"]))
                 else:
-                    raise ValueError(f"raw prompt parts are images or text; got {part!r}")
+                    raise ValueError(f"raw prompt parts are images, videos or text; got {part!r}")
             return "".join(pieces)
         return self.processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
                                                   **self.chat_template_kwargs)
@@ -111,32 +124,43 @@ class QwenVLPolicy(PolicyBase):
 
         Each conversation is a list of ``{"role", "content"}`` messages; image parts are
         ``{"type": "image", "image": PIL.Image | path | "file://..." | URL | "data:image/...;base64,..."}`` and may set
-        their own ``min_pixels``/``max_pixels`` (the policy's bounds are the default). A generation prompt is appended.
+        their own ``min_pixels``/``max_pixels`` (the policy's bounds are the default). Video parts are
+        ``{"type": "video", "video": path | URL | [frames]}`` (frames: PIL images or image paths), optionally with
+        ``fps`` (a file: the sampling rate; a frame list: the rate its frames were taken at), ``max_frames`` and
+        per-frame ``min_pixels``/``max_pixels`` (:func:`video_part`). A generation prompt is appended.
 
         A conversation of one ``{"role": "raw", "content": [...]}`` message bypasses the chat template: its parts are
         concatenated in order, each image as ``<|vision_start|><|image_pad|><|vision_end|>`` (a base model's text
         prompt, e.g. the R1-Zero prompt of the CV-Bench recipe).
         """
-        from qwen_vl_utils import extract_vision_info, process_vision_info
+        from qwen_vl_utils import extract_vision_info, fetch_image
 
         if not conversations:
             raise ValueError("encode_prompts needs at least one conversation")
-        conversations = [self._with_pixel_bounds(c) for c in conversations]
+        conversations = [self._with_media_defaults(c) for c in conversations]
         texts = [self.render_prompt(c) for c in conversations]
-        images_per_prompt = [len(extract_vision_info([c])) for c in conversations]
-        images = None
-        if sum(images_per_prompt):
-            images, _ = process_vision_info(list(conversations), image_patch_size=self.patch_size)[:2]
-        enc = self.processor(text=texts, images=images, padding=True, return_tensors="pt")
+        infos = [extract_vision_info([c]) for c in conversations]
+        videos_per_prompt = [sum(_is_video(i) for i in info) for info in infos]
+        images_per_prompt = [len(info) - v for info, v in zip(infos, videos_per_prompt)]
+        images = [fetch_image(i, image_patch_size=self.patch_size) for info in infos for i in info if not _is_video(i)]
+        loaded = [load_video(i, self.patch_size) for info in infos for i in info if _is_video(i)]
+        videos = [frames for frames, _ in loaded] or None
+        # frames already sampled; the metadata gives Qwen3-VL's timestamps and Qwen2.5-VL's temporal positions
+        media_kwargs: dict[str, Any] = {"do_sample_frames": False, "video_metadata": [m for _, m in loaded]} \
+            if loaded else {}
+        images = images or None
+        enc = self.processor(text=texts, images=images, videos=videos, padding=True, return_tensors="pt",
+                             **media_kwargs)
         input_ids = enc["input_ids"]
         mm = enc.get("mm_token_type_ids")
-        if mm is None:
-            mm = (input_ids == self.image_token_id).long()
-        self.check_prompt_lengths(enc["attention_mask"], "Image tokens count too; lower model.max_pixels or raise "
-                                  "max_prompt_length.")
+        if mm is None:  # transformers' convention: 1 image placeholder, 2 video
+            mm = (input_ids == self.image_token_id).long() + 2 * (input_ids == self.video_token_id).long()
+        self.check_prompt_lengths(enc["attention_mask"], "Image and video tokens count too; lower model.max_pixels "
+                                  "(or model.video_max_frames) or raise max_prompt_length.")
+        media = [a + b for a, b in zip(split_media(images or [], images_per_prompt),
+                                      split_media(videos or [], videos_per_prompt))]
         return PromptBatch(input_ids=input_ids, attention_mask=enc["attention_mask"], mm_token_type_ids=mm,
-                           vision=split_vision(enc.get("pixel_values"), enc.get("image_grid_thw"), images_per_prompt),
-                           media=split_media(images or [], images_per_prompt), texts=texts)
+                           vision=split_vision(enc, images_per_prompt, videos_per_prompt), media=media, texts=texts)
 
     # ---- sampling -------------------------------------------------------------------------------------------------
 
@@ -176,20 +200,22 @@ class QwenVLPolicy(PolicyBase):
 
     # ---- scoring --------------------------------------------------------------------------------------------------
 
-    def _image_encoder_outputs(self, vision: dict[str, torch.Tensor], index: list[int]) -> dict[str, Any]:
-        """Vision features of every image once, then shared by the copies of its prompt (``index``:
-        :func:`group_image_index`): the merged patch features, and Qwen3-VL's DeepStack features (each level
-        indexed the same way)."""
-        feats = self.model.model.get_image_features(vision["pixel_values"], vision["image_grid_thw"], return_dict=True)
+    def _encoder_outputs(self, kind: str, pixels: torch.Tensor, grid: torch.Tensor, index: list[int]) -> Any:
+        """Vision features of every image (``kind`` = ``image``) or video (``video``) once, then shared by the copies of
+        its prompt (``index``: :func:`group_image_index`): the merged patch features, and Qwen3-VL's DeepStack
+        features (each level indexed the same way)."""
+        encode = self.model.model.get_image_features if kind == "image" else self.model.model.get_video_features
+        feats = encode(pixels, grid, return_dict=True)
         shared = {"pooler_output": tuple(feats.pooler_output[i] for i in index)}
         if getattr(feats, "deepstack_features", None) is not None:
             shared["deepstack_features"] = [tuple(level[i] for i in index) for level in feats.deepstack_features]
-        return {"mm_encoder_outputs": {"image": type(feats)(**shared)}}
+        return type(feats)(**shared)
 
-    def _repeated_pixels(self, vision: dict[str, torch.Tensor], index: list[int]) -> dict[str, Any]:
-        """Pixel rows of every image repeated per copy (the vision tower then runs once per copy of each image)."""
-        blocks = torch.split(vision["pixel_values"], vision["image_grid_thw"].prod(-1).tolist())
-        return {"pixel_values": torch.cat([blocks[i] for i in index])}
+    @staticmethod
+    def _repeated_rows(pixels: torch.Tensor, grid: torch.Tensor, index: list[int]) -> torch.Tensor:
+        """Pixel rows of every image (or video) repeated per copy (the vision tower then runs once per copy)."""
+        blocks = torch.split(pixels, grid.prod(-1).tolist())
+        return torch.cat([blocks[i] for i in index])
 
     def completion_logprobs(
         self,
@@ -219,32 +245,153 @@ class QwenVLPolicy(PolicyBase):
         mm = torch.cat([batch.mm_token_type_ids.repeat_interleave(G, 0), torch.zeros_like(comp_ids)], dim=1)
         kwargs: dict[str, Any] = dict(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=mm)
         vision = join_vision(batch.vision)
-        if vision:
-            index = group_image_index(batch.media_per_prompt, G)
-            kwargs["image_grid_thw"] = vision["image_grid_thw"][index]
-            kwargs.update(self._image_encoder_outputs(vision, index) if encode_images_once
-                          else self._repeated_pixels(vision, index))
+        encoded: dict[str, Any] = {}
+        for kind, pixels_key, grid_key in (("image", "pixel_values", "image_grid_thw"),
+                                           ("video", "pixel_values_videos", "video_grid_thw")):
+            if grid_key not in vision:
+                continue
+            index = group_image_index([len(v.get(grid_key, ())) for v in batch.vision], G)
+            kwargs[grid_key] = vision[grid_key][index]
+            if kind == "video" and "second_per_grid_ts" in vision:  # Qwen2.5-VL's temporal positions
+                kwargs["second_per_grid_ts"] = vision["second_per_grid_ts"][index]
+            if encode_images_once:
+                encoded[kind] = self._encoder_outputs(kind, vision[pixels_key], vision[grid_key], index)
+            else:
+                kwargs[pixels_key] = self._repeated_rows(vision[pixels_key], vision[grid_key], index)
+        if encoded:
+            kwargs["mm_encoder_outputs"] = encoded
         hidden = self.model.model(**kwargs, use_cache=False).last_hidden_state
         return self.score_hidden(hidden, prompt_len, comp_ids, comp_mask, chunk_size=chunk_size,
                                  temperature=temperature)
 
 
 
-def split_vision(pixel_values: torch.Tensor | None, grid_thw: torch.Tensor | None,
-                 images_per_prompt: Sequence[int]) -> list[dict[str, torch.Tensor]]:
-    """The processor's batched ``pixel_values`` (rows flat over all images: image ``i`` owns ``prod(grid_thw[i])``)
-    and ``image_grid_thw`` as each prompt's own (views, no copy); ``{}`` for a prompt without images."""
-    out: list[dict[str, torch.Tensor]] = []
-    rows = grid_thw.prod(-1).tolist() if grid_thw is not None else []
-    image = row = 0
-    for n in images_per_prompt:
-        if not n:
-            out.append({})
+# The processor's batched vision outputs: (pixel rows, grid, per-item extras) for images and for videos.
+_MEDIA_KEYS = (("pixel_values", "image_grid_thw", ()), ("pixel_values_videos", "video_grid_thw", ("second_per_grid_ts",)))
+
+
+def split_vision(enc: Any, images_per_prompt: Sequence[int],
+                 videos_per_prompt: Sequence[int] | None = None) -> list[dict[str, torch.Tensor]]:
+    """The processor's batched outputs ``enc`` as each prompt's own (views, no copy): ``pixel_values`` rows (flat
+    over all images: image ``i`` owns ``prod(image_grid_thw[i])``) and ``image_grid_thw``, and likewise
+    ``pixel_values_videos`` and ``video_grid_thw`` (with Qwen2.5-VL's ``second_per_grid_ts``, one per video);
+    ``{}`` for a prompt without media."""
+    videos_per_prompt = videos_per_prompt or [0] * len(images_per_prompt)
+    out: list[dict[str, torch.Tensor]] = [{} for _ in images_per_prompt]
+    for (pixels_key, grid_key, extras), counts in zip(_MEDIA_KEYS, (images_per_prompt, videos_per_prompt)):
+        grid = enc.get(grid_key)
+        if grid is None:
             continue
-        count = sum(rows[image : image + n])
-        out.append({"pixel_values": pixel_values[row : row + count], "image_grid_thw": grid_thw[image : image + n]})
-        image, row = image + n, row + count
+        rows = grid.prod(-1).tolist()
+        item = row = 0
+        for p, n in enumerate(counts):
+            if not n:
+                continue
+            count = sum(rows[item : item + n])
+            out[p][pixels_key] = enc[pixels_key][row : row + count]
+            out[p][grid_key] = grid[item : item + n]
+            for key in extras:
+                if enc.get(key) is not None:
+                    out[p][key] = torch.as_tensor(enc[key])[item : item + n]
+            item, row = item + n, row + count
     return out
+
+
+def load_video(part: dict, patch_size: int) -> tuple[torch.Tensor, dict]:
+    """One video part (after :func:`video_part`) as ``(frames [T, 3, H, W] float, metadata)``: a file's frames
+    sampled by :func:`read_video`, or a list of frames (PIL images or image paths); each frame resized like an image
+    (qwen-vl-utils' ``smart_resize`` to multiples of 2 x the patch, within the part's pixel bounds; every frame to the
+    first one's size) and the frames padded to an even count with the last one (Qwen-VL encodes frames in pairs).
+    The metadata (the frames' rate and indices) gives Qwen3-VL's timestamps and Qwen2.5-VL's temporal positions.
+
+    Frame lists are loaded here, not by qwen-vl-utils: its frame-list path passes the merge factor where its image
+    loader expects the patch size, which resizes frames to twice the multiple."""
+    import numpy as np
+    from qwen_vl_utils import smart_resize
+
+    source = part["video"]
+    if isinstance(source, str):
+        images, metadata = read_video(source, float(part["fps"]), int(part["max_frames"]))
+    else:
+        from qwen_vl_utils import fetch_image
+
+        images = [fetch_image({"image": f, "min_pixels": part["min_pixels"], "max_pixels": part["max_pixels"]},
+                              image_patch_size=patch_size) for f in source]
+        metadata = {"fps": float(part["sample_fps"]), "frames_indices": list(range(len(images))),
+                    "total_num_frames": len(images)}
+    height, width = smart_resize(images[0].height, images[0].width, factor=2 * patch_size,
+                                 min_pixels=part["min_pixels"], max_pixels=part["max_pixels"])
+    images = [im.convert("RGB").resize((width, height)) for im in images]
+    if len(images) % 2:
+        images.append(images[-1])
+        metadata["frames_indices"] = [*metadata["frames_indices"], metadata["frames_indices"][-1]]
+    video = torch.stack([torch.from_numpy(np.asarray(im).transpose(2, 0, 1).copy()) for im in images]).float()
+    return video, metadata
+
+
+def read_video(path: str, fps: float, max_frames: int) -> tuple[list, dict]:
+    """The frames of a video file sampled at ``fps`` frames per second (at most ``max_frames``, at least 2, evenly
+    spaced over the whole video, as qwen-vl-utils samples), decoded with PyAV, and their metadata.
+
+    Written here because none of qwen-vl-utils' readers works with the torchvision mmgpg installs (0.29 removed
+    ``torchvision.io.read_video``; decord and torchcodec are extra native installs); PyAV is already a dependency
+    of qwen-vl-utils. Remote videos are not read (download them first)."""
+    import av
+    import numpy as np
+
+    if "://" in path and not path.startswith("file://"):
+        raise ValueError(f"video {path!r}: mmgpg reads local video files only; download it and give the path")
+    local = path[7:] if path.startswith("file://") else path
+    if not os.path.isfile(local):
+        raise FileNotFoundError(f"video file {local!r} does not exist")
+    try:
+        with av.open(local) as container:
+            if not container.streams.video:
+                raise ValueError("it has no video stream")
+            stream = container.streams.video[0]
+            rate = float(stream.average_rate or stream.guessed_rate or 0) or 24.0
+            frames = [f.to_image() for f in container.decode(stream)]  # sequential decode: every codec, exact indices
+    except (av.error.FFmpegError, ValueError, OSError) as err:
+        raise ValueError(f"could not read video {local!r}: {err}") from None
+    if not frames:
+        raise ValueError(f"video {local!r} has no frames")
+    total = len(frames)
+    wanted = int(min(max(round(total / rate * fps), 2), max_frames, total))
+    indices = np.linspace(0, total - 1, max(wanted, 1)).round().astype(int).tolist()
+    return [frames[i] for i in indices], {"fps": rate, "frames_indices": indices, "total_num_frames": total}
+
+
+def _is_video(part: Any) -> bool:
+    return isinstance(part, dict) and (part.get("type") == "video" or "video" in part)
+
+
+def video_part(part: dict, fps: float, max_frames: int, min_pixels: int, max_pixels: int) -> dict:
+    """A video content part with the policy's defaults, in qwen-vl-utils' keys: a file or URL is sampled at ``fps``
+    frames per second (the part's own ``fps`` first), at most ``max_frames`` frames; a list of frames keeps its frames
+    (the part's ``fps``, default ``fps``, is the rate they were taken at: it sets Qwen3-VL's timestamps and
+    Qwen2.5-VL's temporal positions) and is subsampled evenly when it holds more than ``max_frames``; every frame is
+    resized within ``min_pixels`` .. ``max_pixels`` like an image.
+
+    >>> video_part({"type": "video", "video": list(range(10))}, 2.0, 4, 64, 256)["video"]
+    [0, 3, 6, 9]
+    """
+    part = {"min_pixels": min_pixels, "max_pixels": max_pixels, **part}
+    frames = part.get("video")
+    limit = int(part.pop("max_frames", max_frames))
+    if isinstance(frames, (list, tuple)):
+        if not frames:
+            raise ValueError("a video part holds an empty list of frames")
+        if len(frames) > limit:
+            frames = [frames[round(i * (len(frames) - 1) / (limit - 1))] for i in range(limit)] if limit > 1 \
+                else [frames[0]]
+        part["video"] = list(frames)
+        part["sample_fps"] = float(part.pop("fps", fps))
+    elif isinstance(frames, str):
+        part.setdefault("fps", fps)
+        part["max_frames"] = limit
+    else:
+        raise ValueError(f"a video part's 'video' is a file path, a URL or a list of frames; got {type(frames).__name__}")
+    return part
 
 
 def split_media(items: Sequence[Any], per_prompt: Sequence[int]) -> list[list[Any]]:

@@ -160,6 +160,9 @@ class VLLMEngine:
                                "sync_weights first")
         policy = self.policy
         batch = policy.encode_prompts(conversations)  # the prompt-length guard; the update reuses this encoding
+        if any("video_grid_thw" in v for v in batch.vision):
+            raise ValueError("video prompts with rollout.engine=vllm are not built yet: mmgpg passes vLLM the "
+                             "prompts' images only. Use rollout.engine=hf for video tasks.")
         lengths = batch.attention_mask.sum(-1).tolist()
         too_long = [(i, n) for i, n in enumerate(lengths) if n + sampling.max_new_tokens > self.max_model_len]
         if too_long:

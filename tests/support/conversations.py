@@ -30,3 +30,30 @@ def two_image_conversations():
         [{"role": "user", "content": [{"type": "image", "image": big}, {"type": "text", "text": "How many shapes?"}]}],
         [{"role": "user", "content": [{"type": "image", "image": small}, {"type": "text", "text": "What colour?"}]}],
     ]
+
+
+def moving_dot_frames(n: int, size: tuple[int, int] = (64, 64), step: int = 6):
+    """``n`` frames of a red dot moving right across a grey background (each frame differs)."""
+    from PIL import Image, ImageDraw
+
+    frames = []
+    for t in range(n):
+        frame = Image.new("RGB", size, (120, 120, 120))
+        x = 4 + step * t
+        ImageDraw.Draw(frame).ellipse((x, 20, x + 12, 32), fill=(220, 30, 30))
+        frames.append(frame)
+    return frames
+
+
+def mixed_video_conversations():
+    """Three prompts of different lengths: a video of 4 frames; an image and a video of 6 frames of another size
+    (different frame counts and grids in one batch); text only."""
+    image = two_image_conversations()[1][0]["content"][0]["image"]
+    return [
+        [{"role": "user", "content": [{"type": "video", "video": moving_dot_frames(4)},
+                                      {"type": "text", "text": "Which way does the dot move?"}]}],
+        [{"role": "user", "content": [{"type": "image", "image": image},
+                                      {"type": "video", "video": moving_dot_frames(6, (96, 64), 9), "fps": 1.0},
+                                      {"type": "text", "text": "Is the dot in the picture?"}]}],
+        [{"role": "user", "content": [{"type": "text", "text": "How many sides has a square?"}]}],
+    ]

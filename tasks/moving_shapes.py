@@ -1,0 +1,150 @@
+"""``moving_shapes``: which way does the shape move? — an embedded, offline video task.
+
+Each item is a short clip (a list of frames, given to the policy as one video part): one shape (circle, square or
+triangle, in a random colour) crosses a background of the CLIP mean colour (123, 117, 104, as ``shapes``: the tiny
+models' patch embeddings map it to about zero) in a straight line, left, right, up or down, with a second, still
+shape as a distractor. Every frame alone is a plausible picture of any direction; only the order of the frames tells
+the answer, so a model that reads one frame is at chance (25 %).
+
+A record (``split="train"``, index 0, seed 0) looks like::
+
+    Example(id="moving_shapes-train-0", media=[{"type": "video", "video": [<PIL 64x64> x 4], "fps": 2.0}],
+            question="In which direction does the moving shape go? ...", answer="right",
+            meta={"kind": "circle", "colour": "red", "start": (x, y), "step": 9})
+
+Rewards: ``accuracy`` (the ``<answer>`` is the direction, case and spaces ignored) and ``format``
+(``<think>…</think><answer>…</answer>``). Items are a pure function of ``(seed, split, index)``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from mmgpg_tasks.shapes import BACKGROUND, COLOURS, KINDS
+from PIL import Image, ImageDraw
+
+from mmgpg.task import Example, LazyExamples, Task, media_parts
+from mmgpg.task.rewards import extract_answer, format_reward
+
+DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
+QUESTION = ("In which direction does the moving shape go: left, right, up or down? Output the thinking process in "
+            "<think> </think> and the final answer (one word) in <answer> </answer> tags.")
+
+
+def draw_shape(draw: ImageDraw.ImageDraw, kind: str, box: tuple[int, int, int, int], fill) -> None:
+    x0, y0, x1, y1 = box
+    if kind == "circle":
+        draw.ellipse(box, fill=fill)
+    elif kind == "square":
+        draw.rectangle(box, fill=fill)
+    else:
+        draw.polygon([((x0 + x1) / 2, y0), (x0, y1), (x1, y1)], fill=fill)
+
+
+def direction_accuracy(completion: str, answer: str) -> float:
+    """1.0 when the ``<answer>`` is the direction (case and surrounding spaces ignored).
+
+    >>> direction_accuracy("<think>it goes</think><answer> Left </answer>", "left")
+    1.0
+    >>> direction_accuracy("<answer>up</answer>", "left"), direction_accuracy("left", "left")
+    (0.0, 0.0)
+    """
+    got = extract_answer(completion)
+    return float(got is not None and got.strip().lower() == answer)
+
+
+@dataclass
+class MovingShapesTask(Task):
+    """Say which way a shape moves in a short procedurally drawn clip (embedded video task; no downloads)."""
+
+    name: ClassVar[str] = "moving_shapes"
+    version: ClassVar[str] = "1"
+    rewards: ClassVar[dict] = {}  # set per instance: {"accuracy": fn, "format": fn}
+
+    num_train: int = 4000
+    """Items in the train split."""
+    num_test: int = 200
+    """Items in the test split."""
+    frames: int = 4
+    """Frames per clip (even: Qwen-VL encodes frames in pairs)."""
+    size: int = 64
+    """Frame width and height in pixels."""
+    fps: float = 2.0
+    """The rate the frames are said to be taken at (Qwen3-VL's timestamps, Qwen2.5-VL's temporal positions)."""
+    seed: int = 0
+    """Data seed; items are a pure function of (seed, split, index)."""
+    format_reward: bool = True
+    """Include the format reward (<think>...</think><answer>...</answer>) besides accuracy."""
+
+    def __post_init__(self):
+        if self.frames < 2 or self.frames % 2:
+            raise ValueError(f"frames must be even and at least 2 (Qwen-VL encodes frame pairs); got {self.frames}")
+        if not 32 <= self.size <= 448:
+            raise ValueError(f"size must be 32..448 pixels; got {self.size}")
+        if self.fps <= 0:
+            raise ValueError(f"fps must be positive; got {self.fps}")
+        self.rewards = {"accuracy": lambda completion, ex: direction_accuracy(completion, ex.answer)}
+        if self.format_reward:
+            self.rewards["format"] = lambda completion, ex: format_reward(completion.strip())
+
+    def splits(self) -> dict[str, int]:
+        return {"train": self.num_train, "test": self.num_test}
+
+    def example(self, split: str, index: int) -> Example:
+        sizes = self.splits()
+        if split not in sizes:
+            raise ValueError(f"moving_shapes has splits {', '.join(sizes)}; got {split!r}")
+        if not 0 <= index < sizes[split]:
+            raise IndexError(f"moving_shapes/{split} has {sizes[split]} items; got index {index}")
+        rng = random.Random(f"{self.seed}:{split}:{index}")
+        direction = rng.choice(list(DIRECTIONS))
+        dx, dy = DIRECTIONS[direction]
+        side = max(8, self.size // 6)
+        travel = self.size - side - 4  # the path spans most of the frame
+        step = travel // (self.frames - 1)
+        kind, colour = rng.choice(KINDS), rng.choice(list(COLOURS))
+        other_kind, other_colour = rng.choice(KINDS), rng.choice([c for c in COLOURS if c != colour])
+        cross = rng.randint(2, self.size - side - 2)  # the coordinate across the motion
+        begin = 2 if (dx + dy) > 0 else 2 + step * (self.frames - 1)
+        still = (rng.randint(2, self.size - side - 2), rng.randint(2, self.size - side - 2))
+        frames = []
+        for t in range(self.frames):
+            along = begin + (dx + dy) * step * t
+            x, y = (along, cross) if dx else (cross, along)
+            frame = Image.new("RGB", (self.size, self.size), BACKGROUND)
+            draw = ImageDraw.Draw(frame)
+            draw_shape(draw, other_kind, (*still, still[0] + side, still[1] + side), COLOURS[other_colour])
+            draw_shape(draw, kind, (x, y, x + side, y + side), COLOURS[colour])
+            frames.append(frame)
+        return Example(id=f"moving_shapes-{split}-{index}",
+                       media=[{"type": "video", "video": frames, "fps": self.fps}], question=QUESTION,
+                       answer=direction, meta={"kind": kind, "colour": colour, "step": step})
+
+    def load(self, split: str) -> Sequence[Example]:
+        """Clips are drawn on access."""
+        sizes = self.splits()
+        if split not in sizes:
+            raise ValueError(f"moving_shapes has splits {', '.join(sizes)}; got {split!r}")
+        return LazyExamples(sizes[split], lambda index: self.example(split, index))
+
+    def prompt(self, example: Example) -> list[dict]:
+        return [{"role": "user", "content": media_parts(example) + [{"type": "text", "text": example.question}]}]
+
+    def example_from_record(self, record: dict) -> Example:
+        """An example from a predictions row (``id``, ``ground_truth``), for ``mmgpg eval --predictions``."""
+        answer = str(record.get("ground_truth", "")).strip().lower()
+        if answer not in DIRECTIONS:
+            raise ValueError(f"moving_shapes predictions: record {record.get('id')!r} needs a ground_truth in "
+                             f"{', '.join(DIRECTIONS)}; got {record.get('ground_truth')!r}")
+        return Example(id=str(record.get("id", "")), media=[], question=str(record.get("question", QUESTION)),
+                       answer=answer)
+
+    def success(self, completion: str, example: Example, rewards) -> bool:
+        return rewards["accuracy"] >= 1.0
+
+    def gold_completion(self, example: Example) -> str:
+        return f"<think>The {example.meta['colour']} {example.meta['kind']} moves {example.answer}.</think>" \
+               f"<answer>{example.answer}</answer>"

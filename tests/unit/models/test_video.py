@@ -1,0 +1,107 @@
+"""Video parts in the Qwen-VL policy (a list of frames or a file, sampled by qwen-vl-utils): the log-probs of a batch
+with videos of different frame counts, an image and a video in one prompt, and a text-only prompt equal an unpadded
+full-logits forward of each sequence alone; each video encoded once per prompt equals encoding it per copy; the
+frame budget; bad video input is a clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support.conversations import mixed_video_conversations, moving_dot_frames
+from support.families import QWEN_VL
+from test_qwen_vl import reference_logprobs
+
+from mmgpg.models.load import load_policy
+from mmgpg.models.qwen_vl import video_part
+
+BOUNDS = dict(min_pixels=32 * 32, max_pixels=64 * 64)
+
+
+@pytest.mark.parametrize("family", QWEN_VL)
+def test_video_logprobs_equal_the_unpadded_reference(tiny_dirs, family):
+    policy = load_policy(str(tiny_dirs[family]), dtype="float32", device="cpu", **BOUNDS)
+    torch.manual_seed(0)
+    batch = policy.encode_prompts(mixed_video_conversations())
+    frames = [int(v["video_grid_thw"][0, 0]) for v in batch.vision if "video_grid_thw" in v]
+    assert frames == [2, 3] and "image_grid_thw" in batch.vision[1] and batch.vision[2] == {}
+    assert (batch.mm_token_type_ids == 2).any() and not batch.attention_mask[2, 0]  # video tokens; left padding
+    rollout = policy.generate(batch, 3, max_new_tokens=12)
+    policy.model.train()
+    logp = policy.completion_logprobs(rollout, chunk_size=7)
+    torch.testing.assert_close(logp.detach(), reference_logprobs(policy, batch, rollout), atol=1e-5, rtol=0)
+    logp.sum().backward()
+    assert sum(float(p.grad.abs().sum()) for n, p in policy.model.named_parameters()
+               if "visual" in n and p.grad is not None) > 0
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_videos_encoded_once_equal_encoded_per_copy(tiny_dirs, family):
+    policy = load_policy(str(tiny_dirs[family]), dtype="float32", device="cpu", **BOUNDS)
+    torch.manual_seed(1)
+    rollout = policy.generate(policy.encode_prompts(mixed_video_conversations()), 3, max_new_tokens=8)
+    results = []
+    for once in (True, False):
+        policy.model.zero_grad()
+        logp = policy.completion_logprobs(rollout, encode_images_once=once)
+        logp.sum().backward()
+        grad = torch.cat([p.grad.flatten() for n, p in policy.model.named_parameters() if "visual" in n])
+        results.append((logp.detach(), grad))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-6, rtol=0)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-5, rtol=1e-4)
+
+
+def test_frame_budget_and_rate(tiny_dirs):
+    policy = load_policy(str(tiny_dirs["qwen2_5_vl"]), dtype="float32", device="cpu", **BOUNDS)
+    policy.video_max_frames = 4
+    conv = [{"role": "user", "content": [{"type": "video", "video": moving_dot_frames(10)},
+                                         {"type": "text", "text": "?"}]}]
+    vision = policy.encode_prompts([conv]).vision[0]
+    assert int(vision["video_grid_thw"][0, 0]) == 2  # 10 frames sampled evenly to 4 -> 2 temporal patches
+    # Qwen2.5-VL's temporal positions: 2 frames per patch at the frames' rate (default video_fps 2 -> 1 s per patch)
+    assert vision["second_per_grid_ts"].tolist() == [1.0]
+    slow = [{"role": "user", "content": [{"type": "video", "video": moving_dot_frames(4), "fps": 0.5},
+                                         {"type": "text", "text": "?"}]}]
+    assert policy.encode_prompts([slow]).vision[0]["second_per_grid_ts"].tolist() == [4.0]
+    assert video_part({"type": "video", "video": list(range(9))}, 2.0, 3, 1, 2)["video"] == [0, 4, 8]
+
+
+def _write_video(path, frames, fps: int) -> None:
+    """An H.264 file of ``frames`` (PIL) at ``fps``, written with PyAV."""
+    import av
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames[0].width, frames[0].height, "yuv420p"
+        for frame in frames:
+            out.mux(stream.encode(av.VideoFrame.from_image(frame)))
+        out.mux(stream.encode())
+
+
+def test_a_video_file_is_sampled_at_the_rate(tiny_dirs, tmp_path):
+    """A file of 16 frames at 8 fps (2 s) sampled at model.video_fps = 2: 4 frames -> 2 temporal patches, evenly
+    spaced (frames 0, 5, 10, 15); Qwen2.5-VL's temporal positions follow the sampled rate."""
+    from mmgpg.models.qwen_vl import read_video
+
+    path = tmp_path / "dot.mp4"
+    _write_video(path, moving_dot_frames(16, (64, 64), 3), 8)
+    frames, meta = read_video(str(path), 2.0, 16)
+    assert meta["frames_indices"] == [0, 5, 10, 15] and meta["fps"] == 8 and meta["total_num_frames"] == 16
+    policy = load_policy(str(tiny_dirs["qwen2_5_vl"]), dtype="float32", device="cpu", **BOUNDS)
+    conv = [{"role": "user", "content": [{"type": "video", "video": str(path)}, {"type": "text", "text": "?"}]}]
+    vision = policy.encode_prompts([conv]).vision[0]
+    assert int(vision["video_grid_thw"][0, 0]) == 2
+    assert read_video(str(path), 100.0, 6)[1]["frames_indices"] == [0, 3, 6, 9, 12, 15]  # capped by max_frames
+
+
+@pytest.mark.parametrize("video, words", [([], "empty list of frames"), (3, "file path, a URL or a list of frames"),
+                                          ("/nonexistent/clip.mp4", "does not exist"),
+                                          ("https://example.com/clip.mp4", "local video files only"),
+                                          ("CORRUPT", "could not read video")])
+def test_bad_video_parts_are_clear_errors(tiny_dirs, tmp_path, video, words):
+    if video == "CORRUPT":
+        video = str(tmp_path / "corrupt.mp4")
+        (tmp_path / "corrupt.mp4").write_bytes(b"not a video at all" * 100)
+    policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", device="cpu", **BOUNDS)
+    conv = [{"role": "user", "content": [{"type": "video", "video": video}, {"type": "text", "text": "?"}]}]
+    with pytest.raises((ValueError, FileNotFoundError), match=words):
+        policy.encode_prompts([conv])
