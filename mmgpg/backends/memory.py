@@ -252,8 +252,10 @@ def check_setup(backend: str, zero_stage: int, offload: str, gpus: int, nodes: i
 
 def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory_gb: float, backend: str = "plain",
                 zero_stage: int = 0, offload: str = "none", reserve_gb: float = 2.0, images_per_prompt: int = 1,
-                with_fixes: bool = True) -> Plan:
-    """The per-GPU memory of ``cfg`` (a :class:`mmgpg.config.Config`) on ``gpus`` x ``nodes`` GPUs."""
+                with_fixes: bool = True, videos_per_prompt: int = 0) -> Plan:
+    """The per-GPU memory of ``cfg`` (a :class:`mmgpg.config.Config`) on ``gpus`` x ``nodes`` GPUs, for prompts of
+    ``images_per_prompt`` images and ``videos_per_prompt`` videos of ``model.video_max_frames`` frames each (a
+    frame pair is one temporal patch: a video is frames / 2 images' worth of vision-tower rows)."""
     check_setup(backend, zero_stage, offload, gpus, nodes, gpu_memory_gb)
     from mmgpg.models import family as family_spec
 
@@ -302,8 +304,9 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     text_act = activation_bytes(sequences * seq_len, shape.layers, text_layer, text_ckpt, t.gradient_checkpointing)
     per_gpu["activations_text"] = text_act
     if shape.has_vision:  # a text-only model has no vision terms at all
-        patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image
-        images = micro_groups * images_per_prompt * (1 if m.encode_images_once else r.group_size)
+        patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image (or video frame)
+        video_images = videos_per_prompt * -(-m.video_max_frames // shape.temporal_patch_size)
+        images = micro_groups * (images_per_prompt + video_images) * (1 if m.encode_images_once else r.group_size)
         vision_act = 0
         if not t.freeze_vision and (shape.lora_vision or not lora):  # no gradient into the tower: nothing saved
             v_layer = vision_layer_bytes_per_patch(shape.family, shape.vision_hidden, shape.vision_intermediate,
@@ -353,6 +356,8 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
                **{k: v for k, v in dataclasses.asdict(shape).items() if shape.has_vision or k not in VISION_FIELDS}},
         workload={"micro_batch_sequences": sequences, "sequence_length": seq_len,
                   **({"images_per_micro_batch": images, "patches_per_image": patches} if shape.has_vision else {}),
+                  **({"videos_per_prompt": videos_per_prompt, "frames_per_video": m.video_max_frames}
+                     if shape.has_vision and videos_per_prompt else {}),
                   "rollout_sequences_per_rank": prompts_per_rank * r.group_size,
                   "gradient_checkpointing": t.gradient_checkpointing,
                   **({"freeze_vision": t.freeze_vision} if shape.has_vision else {}),
@@ -364,7 +369,7 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     if with_fixes and not plan.fits:
         plan.fixes = _fixes(cfg, shape, gpus=gpus, nodes=nodes, gpu_memory_gb=gpu_memory_gb, backend=backend,
                             zero_stage=zero_stage, offload=offload, reserve_gb=reserve_gb,
-                            images_per_prompt=images_per_prompt)
+                            images_per_prompt=images_per_prompt, videos_per_prompt=videos_per_prompt)
     return plan
 
 

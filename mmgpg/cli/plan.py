@@ -40,7 +40,8 @@ def format_plan(plan: Plan) -> str:
         f"{s['nodes']} node(s) x {s['gpus_per_node']} GPU(s) of {s['gpu_memory_gib']:g} GiB",
         f"micro-batch: {w['micro_batch_sequences']} sequences x {w['sequence_length']} tokens, "
         + (f"{w['images_per_micro_batch']} image(s) x {w['patches_per_image']} patches"
-           if "images_per_micro_batch" in w else "no images (text-only model)") + "; rollout: "
+           + (f" (videos of {w['frames_per_video']} frames count as frames / 2 images)" if "frames_per_video" in w
+              else "") if "images_per_micro_batch" in w else "no images (text-only model)") + "; rollout: "
         f"{w['rollout_sequences_per_rank']} sequences per GPU; gradient checkpointing "
         f"{'on' if w['gradient_checkpointing'] else 'off'}",
         "",
@@ -132,6 +133,9 @@ def add_hardware_args(p: argparse.ArgumentParser, required: bool = True) -> None
                    help="DeepSpeed offload to host memory (default: from train.offload_optimizer/offload_params)")
     p.add_argument("--images-per-prompt", type=int_in(0, MAX_IMAGES_PER_PROMPT), default=1,
                    help=f"images in each prompt (default 1; 0 for text prompts; at most {MAX_IMAGES_PER_PROMPT})")
+    p.add_argument("--videos-per-prompt", type=int_in(0, MAX_IMAGES_PER_PROMPT), default=0,
+                   help="videos in each prompt (default 0), of model.video_max_frames frames of at most "
+                   "model.max_pixels each")
 
 
 def backend_setup(cfg, args) -> tuple[str, int, str]:
@@ -154,7 +158,8 @@ def plan_from_args(cfg, args) -> Plan:
     backend, stage, offload = backend_setup(cfg, args)
     return plan_memory(cfg, model_shape(cfg.model.name_or_path, cfg.model.lora), gpus=args.gpus, nodes=args.nodes,
                        gpu_memory_gb=args.gpu_memory_gb, backend=backend, zero_stage=stage,
-                       offload=offload, reserve_gb=args.reserve_gb, images_per_prompt=args.images_per_prompt)
+                       offload=offload, reserve_gb=args.reserve_gb, images_per_prompt=args.images_per_prompt,
+                       videos_per_prompt=args.videos_per_prompt)
 
 
 def register(sub) -> None:

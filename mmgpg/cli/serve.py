@@ -26,6 +26,8 @@ def register(sub) -> None:
     p.add_argument("--min-pixels", type=int, default=3136, help="as model.min_pixels of the run")
     p.add_argument("--max-pixels", type=int, default=401408, help="as model.max_pixels of the run")
     p.add_argument("--max-images", type=int, default=4, help="most images per prompt")
+    p.add_argument("--max-videos", type=int, default=1,
+                   help="most videos per prompt (a family vLLM serves without video gets 0)")
     p.add_argument("--seed", type=seed_flag, default=0)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--tensor-parallel-size", type=int, default=1)

@@ -117,6 +117,9 @@ class RolloutConfig:
     """GPUs one colocated vLLM engine shards the model over."""
     vllm_max_images: int = 4
     """Most images in one prompt vLLM accepts (limit_mm_per_prompt)."""
+    vllm_max_videos: int = bounded(1, ge=0, why="A number of videos per prompt.")
+    """Most videos in one prompt vLLM accepts (limit_mm_per_prompt), for the families whose policy takes videos (the
+    Qwen-VL line; others get 0). A server takes its own `mmgpg vllm-serve --max-videos`."""
     max_staleness: int = bounded(0, ge=0, why="A number of weight versions (0: synchronous).")
     """Rollouts that overlap the update: the engine samples the batches of the next steps while the current one
     updates, each batch with weights at most this many optimizer steps old (batch b with version max(start, b - K);

@@ -54,8 +54,11 @@ def preflight(cfg, *, split: str = "train", examples: int = 4, task=None) -> lis
             batch = policy.encode_prompts([task.prompt(ex)])
             length = int(batch.attention_mask.sum())
             images = policy.vision_tower is not None  # a text-only policy has no image tokens to count or shrink
-            counted = f" ({int((batch.mm_token_type_ids > 0).sum())} image tokens)" if images else ""
-            fix = "lower model.max_pixels or raise max_prompt_length" if images else "raise max_prompt_length"
+            video = int((batch.mm_token_type_ids == 2).sum())  # transformers' convention: 1 image, 2 video
+            counted = (f" ({int((batch.mm_token_type_ids == 1).sum())} image tokens"
+                       + (f", {video} video tokens" if video else "") + ")") if images else ""
+            fix = ("lower model.max_pixels" + (" or model.video_max_frames" if video else "")
+                   + " or raise max_prompt_length") if images else "raise max_prompt_length"
             over = limit is not None and length > limit
             findings.append(Finding(f"prompt {ex.id}", "error" if over else "ok",
                                     f"{length} tokens{counted} vs max_prompt_length={limit}"

@@ -27,6 +27,7 @@ The EOS, sampling and scoring rules are :class:`mmgpg.models.base.PolicyBase`'s,
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -80,6 +81,9 @@ class QwenVLPolicy(PolicyBase):
         # frames longer than that is subsampled evenly (model.video_fps / model.video_max_frames; set by load_policy).
         self.video_fps: float = 2.0
         self.video_max_frames: int = 16
+        if model_type in ("qwen2_vl", "qwen2_5_vl"):  # their video positions: Qwen's rule (see video_rope_index)
+            inner = model.model
+            inner.get_rope_index = functools.partial(video_rope_index, inner, inner.get_rope_index)
 
     # ---- prompts --------------------------------------------------------------------------------------------------
 
@@ -146,7 +150,10 @@ class QwenVLPolicy(PolicyBase):
         loaded = [load_video(i, self.patch_size) for info in infos for i in info if _is_video(i)]
         videos = [frames for frames, _ in loaded] or None
         # frames already sampled; the metadata gives Qwen3-VL's timestamps and Qwen2.5-VL's temporal positions
-        media_kwargs: dict[str, Any] = {"do_sample_frames": False, "video_metadata": [m for _, m in loaded]} \
+        # frames already sampled and resized (load_video): the video processor must neither sample nor resize them
+        # again (a checkpoint's video processor has its own, larger pixel bounds)
+        media_kwargs: dict[str, Any] = {"video_metadata": [m for _, m in loaded],
+                                        "videos_kwargs": {"do_sample_frames": False, "do_resize": False}} \
             if loaded else {}
         images = images or None
         enc = self.processor(text=texts, images=images, videos=videos, padding=True, return_tensors="pt",
@@ -157,8 +164,8 @@ class QwenVLPolicy(PolicyBase):
             mm = (input_ids == self.image_token_id).long() + 2 * (input_ids == self.video_token_id).long()
         self.check_prompt_lengths(enc["attention_mask"], "Image and video tokens count too; lower model.max_pixels "
                                   "(or model.video_max_frames) or raise max_prompt_length.")
-        media = [a + b for a, b in zip(split_media(images or [], images_per_prompt),
-                                      split_media(videos or [], videos_per_prompt))]
+        # media per prompt: its images (PIL), then its videos as (frames [T, 3, H, W], metadata) pairs
+        media = [a + b for a, b in zip(split_media(images or [], images_per_prompt), split_media(loaded, videos_per_prompt))]
         return PromptBatch(input_ids=input_ids, attention_mask=enc["attention_mask"], mm_token_type_ids=mm,
                            vision=split_vision(enc, images_per_prompt, videos_per_prompt), media=media, texts=texts)
 
@@ -295,6 +302,59 @@ def split_vision(enc: Any, images_per_prompt: Sequence[int],
                     out[p][key] = torch.as_tensor(enc[key])[item : item + n]
             item, row = item + n, row + count
     return out
+
+
+def video_rope_index(model, fallback, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor,
+                     image_grid_thw: torch.Tensor | None = None, video_grid_thw: torch.Tensor | None = None,
+                     second_per_grid_ts: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                     **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen2-VL / Qwen2.5-VL M-RoPE positions ``[3, B, L]`` and decoding deltas ``[B, 1]`` by Qwen's published rule,
+    installed as the model's ``get_rope_index`` for batches with videos (``fallback``, transformers' own, for the
+    rest: image and text positions are transformers' unchanged).
+
+    Each run of text tokens continues from ``start``; an image or video of merged grid (t, h, w) takes
+    ``(start + t_i * interval, start + h_i, start + w_i)`` with ``interval = tokens_per_second x second_per_grid_ts``
+    for a Qwen2.5-VL video (Qwen2-VL, images: 1), and the next run starts at the largest of those plus one (the
+    Qwen2.5-VL report's example: a video of 3 temporal patches at interval 50 ends at temporal 100, so text resumes at
+    101). transformers 5.3 to 5.24 resume text at ``start + max(h, w)``, without the temporal extent, which is the
+    same for an image but not for a video whose temporal positions reach further: found by vLLM's log-probs
+    disagreeing with the trainer's on video prompts (vLLM keeps Qwen's rule). The delta of a row is its largest
+    position + 1 - its unpadded length, as transformers'.
+    """
+    if video_grid_thw is None:
+        return fallback(input_ids, mm_token_type_ids, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
+                        second_per_grid_ts=second_per_grid_ts, attention_mask=attention_mask, **kwargs)
+    merge = model.config.vision_config.spatial_merge_size
+    per_second = getattr(model.config.vision_config, "tokens_per_second", None)  # Qwen2.5-VL only
+    grids = {1: iter(image_grid_thw.tolist() if image_grid_thw is not None else []), 2: iter(video_grid_thw.tolist())}
+    seconds = iter(second_per_grid_ts.tolist() if second_per_grid_ts is not None else [])
+    positions = torch.zeros(3, *input_ids.shape, dtype=input_ids.dtype, device=input_ids.device)
+    deltas = []
+    for b in range(input_ids.shape[0]):
+        keep = attention_mask[b].bool() if attention_mask is not None else torch.ones_like(input_ids[b], dtype=torch.bool)
+        kinds = mm_token_type_ids[b][keep].tolist()
+        pieces: list[torch.Tensor] = []
+        start = i = 0
+        while i < len(kinds):
+            j = i
+            while j < len(kinds) and kinds[j] == kinds[i]:
+                j += 1
+            if kinds[i] == 0:
+                piece = torch.arange(j - i).expand(3, -1) + start
+            else:
+                t, h, w = next(grids[kinds[i]])
+                step = per_second * next(seconds, 1.0) if kinds[i] == 2 and per_second is not None else 1.0
+                axes = ((torch.arange(t) * step).long(), torch.arange(h // merge), torch.arange(w // merge))
+                piece = torch.stack(torch.meshgrid(*axes, indexing="ij")).reshape(3, -1) + start
+                if piece.shape[1] != j - i:
+                    raise ValueError(f"row {b}: {j - i} placeholder tokens for a grid of {piece.shape[1]}: two images "
+                                     "or videos with no text between them")
+            pieces.append(piece)
+            start, i = int(piece.max()) + 1, j
+        row = torch.cat(pieces, dim=1).to(positions)
+        positions[:, b, keep] = row
+        deltas.append(int(row.max()) + 1 - len(kinds))
+    return positions, torch.tensor(deltas, device=input_ids.device).unsqueeze(1)
 
 
 def load_video(part: dict, patch_size: int) -> tuple[torch.Tensor, dict]:

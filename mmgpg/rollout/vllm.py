@@ -55,6 +55,12 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+
+def vllm_video(frames: torch.Tensor, metadata: dict) -> tuple:
+    """A video of the policy's batch (``PromptBatch.media``: float frames ``[T, 3, H, W]`` of 0..255 values, as
+    sampled and resized by the policy) as vLLM takes it: a uint8 ``[T, H, W, 3]`` array and the metadata."""
+    return frames.permute(0, 2, 3, 1).round().clamp(0, 255).to(torch.uint8).numpy(), dict(metadata)
+
 class VLLMEngine:
     """Weights arrive through :meth:`sync_weights` as the training backend's ``full_weights`` (LoRA merged: vLLM's
     own LoRA does not cover the vision tower, and merged weights keep one code path)."""
@@ -122,6 +128,7 @@ class VLLMEngine:
             self.core = None
             self._settings = CoreSettings(
                 model=str(self._tmp), dtype=self.dtype, max_model_len=self.max_model_len, max_images=r.vllm_max_images,
+                max_videos=r.vllm_max_videos if hasattr(policy, "video_fps") else 0,
                 multimodal=self.multimodal, **({"min_pixels": pixels[0], "max_pixels": pixels[1]}
                                                if self.multimodal else {}), seed=settings.seed,
                 gpu_memory_utilization=r.vllm_gpu_memory_utilization, tensor_parallel_size=r.vllm_tensor_parallel_size,
@@ -160,9 +167,6 @@ class VLLMEngine:
                                "sync_weights first")
         policy = self.policy
         batch = policy.encode_prompts(conversations)  # the prompt-length guard; the update reuses this encoding
-        if any("video_grid_thw" in v for v in batch.vision):
-            raise ValueError("video prompts with rollout.engine=vllm are not built yet: mmgpg passes vLLM the "
-                             "prompts' images only. Use rollout.engine=hf for video tasks.")
         lengths = batch.attention_mask.sum(-1).tolist()
         too_long = [(i, n) for i, n in enumerate(lengths) if n + sampling.max_new_tokens > self.max_model_len]
         if too_long:
@@ -173,8 +177,10 @@ class VLLMEngine:
         key = sampling.seed_key
         if key is None and sampling.temperature > 0:
             key = (int(torch.randint(0, 2**62, ())),)  # like HF sampling: drawn from torch's RNG
-        requests = [Request(text, images, group_size, None if key is None else request_seed(*key, sampling.first_prompt + p))
-                    for p, (text, images) in enumerate(zip(batch.texts, batch.media))]
+        requests = [Request(text, [m for m in media if not isinstance(m, tuple)], group_size,
+                            None if key is None else request_seed(*key, sampling.first_prompt + p),
+                            [vllm_video(*m) for m in media if isinstance(m, tuple)])
+                    for p, (text, media) in enumerate(zip(batch.texts, batch.media))]
         knobs = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
                  "top_p": sampling.top_p, "top_k": sampling.top_k}
         results = self.core.generate(requests, knobs, stop_token_ids=list(policy.eos_token_ids),

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 INSTALL_HINT = ("vLLM is not installed in this Python environment. On a GPU machine: pip install -e '.[vllm]'; on CPU "
@@ -58,6 +58,7 @@ class CoreSettings:
     dtype: str = "float32"
     max_model_len: int = 2048
     max_images: int = 4
+    max_videos: int = 0  # videos per prompt (0: vLLM accepts none; the Qwen-VL families take them)
     multimodal: bool = True  # False: a text-only model (no image limits, no processor settings)
     min_pixels: int = 3136
     max_pixels: int = 401408
@@ -217,12 +218,15 @@ class WeightUpdate:
 @dataclass
 class Request:
     """One prompt: its rendered text (chat template applied by mmgpg), its images (PIL, already resized the way the
-    policy resizes them), ``n`` completions and the per-request seed (``None``: vLLM's own stream)."""
+    policy resizes them), ``n`` completions, the per-request seed (``None``: vLLM's own stream) and its videos:
+    ``(frames, metadata)`` pairs, the frames a uint8 array ``[T, H, W, 3]`` already sampled and resized by the policy
+    (:func:`mmgpg.models.qwen_vl.load_video`), the metadata the frames' rate and indices."""
 
     text: str
     images: list
     n: int
     seed: int | None
+    videos: list = field(default_factory=list)
 
 
 @dataclass
@@ -248,7 +252,7 @@ class VLLMCore:
             tensor_parallel_size=s.tensor_parallel_size, max_num_seqs=s.max_num_seqs)
         spec = model_family(s.model)
         if s.multimodal:
-            kwargs["limit_mm_per_prompt"] = {"image": s.max_images, "video": 0}
+            kwargs["limit_mm_per_prompt"] = {"image": s.max_images, "video": s.max_videos}
             if spec.pixel_bounds:  # Qwen-VL: the processor resizes within the bounds (mmgpg already did)
                 kwargs["mm_processor_kwargs"] = {"min_pixels": s.min_pixels, "max_pixels": s.max_pixels}
         kwargs.update(dict(spec.vllm_args))  # the family's own needs (Family.vllm_args)
@@ -274,8 +278,14 @@ class VLLMCore:
         greedy = float(sampling["temperature"]) == 0.0
         prompts, params = [], []
         for r in requests:
-            mm = {"image": r.images if len(r.images) != 1 else r.images[0]} if r.images else None
-            prompts.append({"prompt": r.text, **({"multi_modal_data": mm} if mm else {})})
+            mm = {"image": r.images if len(r.images) != 1 else r.images[0]} if r.images else {}
+            if r.videos:
+                mm["video"] = r.videos if len(r.videos) != 1 else r.videos[0]
+            # videos come sampled and resized (as the policy's processor saw them): vLLM's processor must not do either
+            # again (a checkpoint's video processor has larger pixel bounds of its own)
+            prompts.append({"prompt": r.text, **({"multi_modal_data": mm} if mm else {}),
+                            **({"mm_processor_kwargs": {"do_sample_frames": False, "do_resize": False}}
+                               if r.videos else {})})
             params.append(self.SamplingParams(
                 n=1 if greedy else r.n, temperature=0.0 if greedy else float(sampling["temperature"]),
                 top_p=1.0 if greedy else float(sampling["top_p"]), top_k=0 if greedy else int(sampling["top_k"]),

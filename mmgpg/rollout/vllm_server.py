@@ -55,6 +55,20 @@ def _unpng(data: str):
     return Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB")
 
 
+def _frame_image(frame):
+    """One video frame (a uint8 ``[H, W, 3]`` array) as a PIL image, for :func:`_png` (lossless)."""
+    from PIL import Image
+
+    return Image.fromarray(frame)
+
+
+def _unpng_frames(frames: list[str]):
+    """A video's PNG frames as the uint8 ``[T, H, W, 3]`` array vLLM takes."""
+    import numpy as np
+
+    return np.stack([np.asarray(_unpng(f)) for f in frames])
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # Client (the trainer's side; needs no vLLM)
 # --------------------------------------------------------------------------------------------------------------------
@@ -155,7 +169,9 @@ class ServerClient:
 
     def generate(self, requests: list[Request], sampling: dict[str, Any], *, stop_token_ids: list[int],
                  allowed_token_ids: list[int] | None) -> list[Result]:
-        body = {"requests": [{"text": r.text, "images": [_png(im) for im in r.images], "n": r.n, "seed": r.seed}
+        body = {"requests": [{"text": r.text, "images": [_png(im) for im in r.images], "n": r.n, "seed": r.seed,
+                              "videos": [{"frames": [_png(_frame_image(f)) for f in frames], "metadata": meta}
+                                         for frames, meta in r.videos]}
                              for r in requests],
                 "sampling": sampling, "stop_token_ids": stop_token_ids, "allowed_token_ids": allowed_token_ids}
         out = self._post("/generate", body)["results"]
@@ -300,7 +316,8 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
                     if chan.update is not None:
                         return self._reply(409, {"error": "a weight sync is in progress (/update without its "
                                                           "/update_done): half the model holds new weights"})
-                    reqs = [Request(r["text"], [_unpng(x) for x in r["images"]], int(r["n"]), r["seed"])
+                    reqs = [Request(r["text"], [_unpng(x) for x in r["images"]], int(r["n"]), r["seed"],
+                                    [(_unpng_frames(v["frames"]), v["metadata"]) for v in r.get("videos", [])])
                             for r in body["requests"]]
                     with lock:
                         results = core.generate(reqs, body["sampling"], stop_token_ids=body["stop_token_ids"],
@@ -412,6 +429,16 @@ def takes_images(model: str) -> bool:
     return getattr(AutoConfig.from_pretrained(model), "vision_config", None) is not None
 
 
+def _video_limit(model: str, wanted: int) -> int:
+    """``wanted`` for a checkpoint of a family whose policy takes videos (the Qwen-VL families), else 0."""
+    from transformers import AutoConfig
+
+    from mmgpg.models import FAMILIES
+
+    spec = FAMILIES.get(getattr(AutoConfig.from_pretrained(model), "model_type", None))
+    return wanted if spec is not None and spec.policy.endswith(":QwenVLPolicy") else 0
+
+
 def serve(args) -> int:
     """``mmgpg vllm-serve``: load the model into vLLM and answer on ``--host:--port`` until stopped."""
     from mmgpg.models.load import resolve_model_path
@@ -423,7 +450,8 @@ def serve(args) -> int:
         raise ValueError(str(err)) from None
     model = resolve_model_path(args.model)
     settings = CoreSettings(model=model, dtype=args.dtype, max_model_len=args.max_model_len,
-                            max_images=args.max_images, multimodal=takes_images(model), min_pixels=args.min_pixels,
+                            max_images=args.max_images, max_videos=_video_limit(model, args.max_videos),
+                            multimodal=takes_images(model), min_pixels=args.min_pixels,
                             max_pixels=args.max_pixels,
                             seed=args.seed, gpu_memory_utilization=args.gpu_memory_utilization,
                             tensor_parallel_size=args.tensor_parallel_size, max_num_seqs=args.max_num_seqs,

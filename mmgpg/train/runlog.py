@@ -16,11 +16,12 @@ WANDB_RUN_ID = "wandb_run_id"
 """The file in the run directory that holds the run's W&B id (one line), so a resumed run continues its W&B run."""
 
 
-def planned_memory(cfg, device, world_size: int, note: Callable[[str], None]) -> dict[str, float]:
+def planned_memory(cfg, device, world_size: int, note: Callable[[str], None], data: tuple | None = None) -> dict[str, float]:
     """``mmgpg plan``'s prediction for a run of ``cfg`` on ``world_size`` ranks (per device: persistent, update,
     rollout, peak), as ``plan/*_mib`` for the first step's metrics record, where the measured ``memory/*`` of the same
     step sit beside it. On a CPU the planned figures are what one 80 GB GPU of the same setup would hold. Empty when
-    the planner cannot model the run (``note`` says why in the log)."""
+    the planner cannot model the run (``note`` says why in the log). ``data``: ``(task, dataset)``, whose first
+    prompt's images and videos are the ones planned for (default: one image)."""
     import torch
 
     from mmgpg.backends import backend_fact
@@ -30,13 +31,26 @@ def planned_memory(cfg, device, world_size: int, note: Callable[[str], None]) ->
     try:
         total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 80 * 2**30
         stage, offload = backend_fact(t.backend, "zero_stage")(t), backend_fact(t.backend, "offload")(t)
+        images, videos = media_counts(data[0].prompt(data[1][0])) if data is not None and len(data[1]) else (1, 0)
         plan = plan_memory(cfg, model_shape(cfg.model.name_or_path, cfg.model.lora), gpus=world_size,
                            gpu_memory_gb=total / 2**30, backend=t.backend, zero_stage=stage, offload=offload,
-                           with_fixes=False)
+                           with_fixes=False, images_per_prompt=images, videos_per_prompt=videos)
     except (ValueError, OSError) as err:
         note(f"no memory plan for this run ({err})")
         return {}
     return {f"plan/{phase}_mib": float(b) / 2**20 for phase, b in plan.phases.items()}
+
+
+def media_counts(conversation: list[dict]) -> tuple[int, int]:
+    """(images, videos) in a conversation's content parts.
+
+    >>> media_counts([{"role": "user", "content": [{"type": "video", "video": []}, {"type": "text", "text": "?"}]}])
+    (0, 1)
+    """
+    parts = [p for m in conversation if isinstance(m.get("content"), list) for p in m["content"] if isinstance(p, dict)]
+    videos = sum(p.get("type") == "video" or "video" in p for p in parts)
+    images = sum(p.get("type") in ("image", "image_url") or "image" in p for p in parts)
+    return images, videos
 
 
 def saved_wandb_id(run_dir: Path, *, resuming: bool) -> str | None:

@@ -465,7 +465,7 @@ class Trainer:
         """Run until ``train.max_steps``; save at ``save_every``, at the end, and at a SIGTERM/SIGINT step boundary."""
         cfg = self.cfg
         self.runlog = RunLog(self.run_dir, cfg, start_step=self.state.step, is_main=self.dist.is_main)
-        planned = planned_memory(cfg, self.device, self.dist.world_size, self.runlog.note)  # beside step 1's memory/*
+        planned = planned_memory(cfg, self.device, self.dist.world_size, self.runlog.note, (self.task, self.dataset))
         self.stopper.__enter__()
         try:
             if cfg.train.eval_every and self.state.step == 0:

@@ -13,10 +13,10 @@ from mmgpg.rundir import read_metrics
 pytest.importorskip("av")
 
 
-@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
-def test_moving_shapes_trains_evaluates_and_checks(tmp_path, family, capsys):
+@pytest.mark.parametrize("family, kind", [("qwen2_5_vl", "count"), ("qwen3_vl", "direction")])
+def test_moving_shapes_trains_evaluates_and_checks(tmp_path, family, kind, capsys):
     run = tmp_path / "run"
-    assert main(["train", "task=moving_shapes", f"model.name_or_path=tiny:{family}", "model.dtype=float32",
+    assert main(["train", "task=moving_shapes", f"task.kind={kind}", f"model.name_or_path=tiny:{family}", "model.dtype=float32",
                  "model.min_pixels=1024", "model.max_pixels=4096", "algo=grpo", "train.max_steps=2",
                  "train.prompts_per_step=2", "train.micro_batch_prompts=2", "rollout.group_size=2",
                  "rollout.max_new_tokens=8", "train.progress=false", "train.tensorboard=false",
@@ -24,8 +24,13 @@ def test_moving_shapes_trains_evaluates_and_checks(tmp_path, family, capsys):
     rows = read_metrics(run)
     assert [r["step"] for r in rows] == [1, 2] and all("reward/accuracy" in r for r in rows)
     out = tmp_path / "eval"
-    assert main(["eval", "--task", "moving_shapes", "--ckpt", str(run), "--limit", "2", "--max-new-tokens", "8",
-                 "--output", str(out)]) == 0
+    assert main(["eval", "--task", "moving_shapes", f"task.kind={kind}", "--ckpt", str(run), "--limit", "2",
+                 "--max-new-tokens", "8", "--output", str(out)]) == 0
     preds = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
-    assert len(preds) == 2 and all(p["ground_truth"] in ("left", "right", "up", "down") for p in preds)
+    answers = (1, 2, 3, 4) if kind == "count" else ("left", "right", "up", "down")
+    assert len(preds) == 2 and all(p["ground_truth"] in answers for p in preds)
+    capsys.readouterr()
     assert main(["check", "task=moving_shapes", f"model.name_or_path=tiny:{family}", "--examples", "2"]) == 0
+    assert "video tokens" in capsys.readouterr().out  # each prompt's video token count
+    rows = read_metrics(run)
+    assert rows[0]["plan/peak_mib"] > 0  # planned with the task's video (a video of model.video_max_frames frames)

@@ -551,3 +551,16 @@ def test_a_micro_batch_never_holds_more_groups_than_the_rank_has(config_dirs, ca
     five = update("algo.min_valid_fraction=0.4")
     assert all(f > o for f, o in zip(five, one))
     assert update("algo.min_valid_fraction=0", "train.prompts_per_step=40") == five  # 5 groups per rank
+
+
+def test_a_video_plans_as_frames_over_two_images(config_dirs, capsys):
+    """A video of model.video_max_frames = 16 frames is 8 temporal patches, each an image's rows: the vision tower's
+    activations are 8 times one image's (the same pixel bound per frame); 15 frames round up to 8 patches too."""
+    def vision(*extra):
+        code, data = _plan_json(config_dirs, capsys, *extra)
+        return data["per_gpu_bytes"]["activations_vision"], data["workload"]
+
+    one_image, _ = vision("--images-per-prompt", "1")
+    video, setup = vision("--images-per-prompt", "0", "--videos-per-prompt", "1", "model.video_max_frames=16")
+    assert video == 8 * one_image > 0 and setup["frames_per_video"] == 16 and setup["videos_per_prompt"] == 1
+    assert vision("--images-per-prompt", "0", "--videos-per-prompt", "1", "model.video_max_frames=15")[0] == video

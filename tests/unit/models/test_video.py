@@ -63,6 +63,11 @@ def test_frame_budget_and_rate(tiny_dirs):
                                          {"type": "text", "text": "?"}]}]
     assert policy.encode_prompts([slow]).vision[0]["second_per_grid_ts"].tolist() == [4.0]
     assert video_part({"type": "video", "video": list(range(9))}, 2.0, 3, 1, 2)["video"] == [0, 4, 8]
+    # the frames are resized by the policy's bounds only: a checkpoint's video processor (whose own bounds are far
+    # larger in the released Qwen-VL models) does not resize them again
+    before = policy.encode_prompts([slow]).vision[0]["video_grid_thw"].tolist()
+    policy.processor.video_processor.size = {"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28}
+    assert policy.encode_prompts([slow]).vision[0]["video_grid_thw"].tolist() == before == [[2, 4, 4]]
 
 
 def _write_video(path, frames, fps: int) -> None:
@@ -105,3 +110,33 @@ def test_bad_video_parts_are_clear_errors(tiny_dirs, tmp_path, video, words):
     conv = [{"role": "user", "content": [{"type": "video", "video": video}, {"type": "text", "text": "?"}]}]
     with pytest.raises((ValueError, FileNotFoundError), match=words):
         policy.encode_prompts([conv])
+
+
+@pytest.mark.parametrize("family, interval", [("qwen2_5_vl", 4), ("qwen2_vl", 1)])
+def test_text_after_a_video_resumes_after_its_last_temporal_position(tiny_dirs, family, interval):
+    """Qwen's M-RoPE rule, by hand: 3 text tokens, a video of 2 temporal patches of 2 x 2 merged tokens, 2 text
+    tokens. The video takes temporal 3 + [0, 0, 0, 0, s, s, s, s] with s = tokens_per_second (4) x
+    second_per_grid_ts (1 s) for Qwen2.5-VL, 1 for Qwen2-VL, height 3 + [0, 0, 1, 1, ...], width 3 + [0, 1, 0, 1, ...];
+    the text after it resumes at the largest of those plus one: 3 + max(s, 1) + 1. Left padding is skipped. An image
+    batch gets transformers' own positions."""
+    policy = load_policy(str(tiny_dirs[family]), dtype="float32", device="cpu", **BOUNDS)
+    model = policy.model.model
+    ids = torch.tensor([[0, 5, 5, 5] + [7] * 8 + [5, 5]])
+    types = torch.tensor([[0, 0, 0, 0] + [2] * 8 + [0, 0]])
+    mask = torch.tensor([[0] + [1] * 13])
+    pos, delta = model.get_rope_index(ids, types, video_grid_thw=torch.tensor([[2, 4, 4]]),
+                                      second_per_grid_ts=torch.tensor([1.0]) if family == "qwen2_5_vl" else None,
+                                      attention_mask=mask)
+    s = interval
+    assert pos[0, 0, 1:].tolist() == [0, 1, 2] + [3] * 4 + [3 + s] * 4 + [3 + s + 1 + k for k in (0, 1)]
+    assert pos[1, 0, 4:12].tolist() == [3, 3, 4, 4] * 2 and pos[2, 0, 4:12].tolist() == [3, 4, 3, 4] * 2
+    assert delta.tolist() == [[3 + s + 3 - 13]]
+    images = policy.encode_prompts(mixed_video_conversations()[1:2])  # an image beside a video: the video rule
+    image_only = policy.encode_prompts([[{"role": "user", "content": [
+        {"type": "image", "image": moving_dot_frames(1)[0]}, {"type": "text", "text": "?"}]}]])
+    grid = image_only.vision[0]["image_grid_thw"]
+    ours = model.get_rope_index(image_only.input_ids, image_only.mm_token_type_ids, image_grid_thw=grid,
+                                attention_mask=image_only.attention_mask)
+    theirs = type(model).get_rope_index(model, image_only.input_ids, image_only.mm_token_type_ids,
+                                        image_grid_thw=grid, attention_mask=image_only.attention_mask)
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs)) and "video_grid_thw" in images.vision[0]
