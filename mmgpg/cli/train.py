@@ -35,7 +35,7 @@ def cmd_demo(args) -> int:
                              prompts_per_step=args.prompts_per_step, algo=args.algo, threads=args.threads,
                              sft_lr=args.sft_lr, gpg_lr=args.lr, lr_scheduler=args.lr_scheduler,
                              overrides=tuple(args.set), rl_overrides=tuple(args.rl_set), model=args.model or "",
-                             sft_from=args.sft_from or "", video=args.video)
+                             sft_from=args.sft_from or "")
     check_demo_model(settings.model, settings.text)  # before anything is built
     if args.quick:
         settings.sft_steps, settings.gpg_steps, settings.eval_limit, settings.eval_every = 4, 2, 8, 1
@@ -70,8 +70,6 @@ def register(sub) -> None:
                        "--text runs the same stages on the tiny text-only Qwen2 and the arith task (add two numbers).")
     p.add_argument("--text", action="store_true",
                    help="the text demo: model=tiny_qwen2 (text-only Qwen2) on task=arith instead of Qwen2-VL on shapes")
-    p.add_argument("--video", action="store_true",
-                   help="the video demo: the embedded moving_shapes task (which way a shape moves across 4 frames)")
     p.add_argument("--output", help="run directory (default runs/demo-<time>)")
     p.add_argument("--model", metavar="FAMILY",
                    help="the tiny model's family, e.g. qwen3_vl (or qwen3 with --text); default Qwen2-VL (Qwen2)")

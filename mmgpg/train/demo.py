@@ -47,8 +47,6 @@ class DemoSettings:
     and settings), skipping stage 1: RL variants of one warm start (e.g. bench/async_rollout.py)."""
     text: bool = False
     """The text demo: model=tiny_qwen2 on task=arith instead of model=tiny on task=shapes."""
-    video: bool = False
-    """The video demo: the embedded moving_shapes task (which way a shape moves across 4 frames) instead of shapes."""
     model: str = ""
     """The tiny model's family (``model.name_or_path=tiny:<model>``: e.g. qwen3_vl, or qwen3 with ``text``); empty:
     Qwen2-VL (the text demo: Qwen2). The settings are the Qwen2 demos'; docs/demo.md has the runs of each."""
@@ -56,7 +54,6 @@ class DemoSettings:
 
 # What each demo trains on: (task, model, max new tokens, what an evaluation item is, chance accuracy).
 VL_SETUP = ("shapes", "tiny", 32, "test images", "chance is 0.20")
-VIDEO_SETUP = ("moving_shapes", "tiny", 32, "test clips", "chance is 0.25 (1-4 frames)")
 TEXT_SETUP = ("arith", "tiny_qwen2", 48, "test sums", "a random model scores 0; a uniform guess of 0-198 would be 0.005")
 
 TEXT_DEFAULTS: dict[str, object] = dict(sft_steps=300, gpg_steps=150, eval_every=50)
@@ -95,13 +92,11 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     from mmgpg.train.trainer import Trainer
 
     check_demo_model(s.model, s.text)
-    if s.text and s.video:
-        raise ValueError("--text and --video are two different demos: choose one")
     if s.threads:
         torch.set_num_threads(s.threads)
     say = console.print if console is not None else print
     out = run_dir_path(s.output or "", "demo")
-    task, model, max_new_tokens, items, chance = TEXT_SETUP if s.text else VIDEO_SETUP if s.video else VL_SETUP
+    task, model, max_new_tokens, items, chance = TEXT_SETUP if s.text else VL_SETUP
     common = [f"task={task}", f"model={model}", f"seed={s.seed}", f"rollout.max_new_tokens={max_new_tokens}", "device=cpu",
               f"train.eval_limit={s.eval_limit}", f"task.num_test={max(s.eval_limit, 1)}",
               *([f"model.name_or_path=tiny:{s.model}"] if s.model else []), *s.overrides]
