@@ -31,11 +31,10 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from mmgpg.task import Example, LazyExamples, Task
+from mmgpg.task import Example, GeneratedTask
 from mmgpg.task.judges import Judgement, check_protocol
 from mmgpg.task.rewards import extract_answer, format_reward, integer_accuracy, parse_int
 
@@ -71,7 +70,7 @@ def column_steps(a: int, b: int) -> str:
 
 
 @dataclass
-class ArithTask(Task):
+class ArithTask(GeneratedTask):
     """Add two numbers of at most ``max_operand`` (embedded; no downloads). Test pairs never occur in training."""
 
     name: ClassVar[str] = "arith"
@@ -103,17 +102,10 @@ class ArithTask(Task):
         if self.format_reward:
             self.rewards["format"] = lambda completion, ex: format_reward(completion.strip())
 
-    def splits(self) -> dict[str, int]:
-        return {"train": self.num_train, "test": self.num_test}
-
     def pair(self, split: str, index: int) -> tuple[int, int]:
         """The operands of item ``index`` of ``split``: test items are the first ``num_test`` shuffled pairs, train
         items cycle through the others."""
-        sizes = self.splits()
-        if split not in sizes:
-            raise ValueError(f"arith has splits {', '.join(sizes)}; got {split!r}")
-        if not 0 <= index < sizes[split]:
-            raise IndexError(f"arith/{split} has {sizes[split]} items; got index {index}")
+        self.check_item(split, index)
         if split == "test":
             return self._pairs[index]
         rest = len(self._pairs) - self.num_test
@@ -123,12 +115,6 @@ class ArithTask(Task):
         a, b = self.pair(split, index)
         return Example(id=f"arith-{split}-{index}", media=[], question=QUESTION.format(a=a, b=b), answer=a + b,
                        meta={"a": a, "b": b})
-
-    def load(self, split: str) -> Sequence[Example]:
-        sizes = self.splits()
-        if split not in sizes:
-            raise ValueError(f"arith has splits {', '.join(sizes)}; got {split!r}")
-        return LazyExamples(sizes[split], lambda index: self.example(split, index))
 
     def prompt(self, example: Example) -> list[dict]:
         return [{"role": "user", "content": example.question}]

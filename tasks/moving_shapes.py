@@ -27,14 +27,13 @@ Rewards: ``accuracy`` (the ``<answer>`` is the count, or the direction with case
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from mmgpg_tasks.shapes import BACKGROUND, COLOURS, KINDS
 from PIL import Image, ImageDraw
 
-from mmgpg.task import Example, LazyExamples, Task, media_parts
+from mmgpg.task import Example, GeneratedTask
 from mmgpg.task.rewards import extract_answer, format_reward, integer_accuracy
 
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
@@ -67,7 +66,7 @@ def direction_accuracy(completion: str, answer: str) -> float:
 
 
 @dataclass
-class MovingShapesTask(Task):
+class MovingShapesTask(GeneratedTask):
     """Questions about a short procedurally drawn clip that no single frame answers (embedded video task)."""
 
     name: ClassVar[str] = "moving_shapes"
@@ -107,15 +106,8 @@ class MovingShapesTask(Task):
         if self.format_reward:
             self.rewards["format"] = lambda completion, ex: format_reward(completion.strip())
 
-    def splits(self) -> dict[str, int]:
-        return {"train": self.num_train, "test": self.num_test}
-
     def example(self, split: str, index: int) -> Example:
-        sizes = self.splits()
-        if split not in sizes:
-            raise ValueError(f"moving_shapes has splits {', '.join(sizes)}; got {split!r}")
-        if not 0 <= index < sizes[split]:
-            raise IndexError(f"moving_shapes/{split} has {sizes[split]} items; got index {index}")
+        self.check_item(split, index)
         rng = random.Random(f"{self.seed}:{split}:{index}")
         if self.kind == "count":
             return self._count_example(rng, f"moving_shapes-{split}-{index}")
@@ -156,16 +148,6 @@ class MovingShapesTask(Task):
             frames.append(frame)
         return Example(id=ident, media=[{"type": "video", "video": frames, "fps": self.fps}], question=COUNT_QUESTION,
                        answer=count, meta={"kind": "count", "frames_with_shape": shown})
-
-    def load(self, split: str) -> Sequence[Example]:
-        """Clips are drawn on access."""
-        sizes = self.splits()
-        if split not in sizes:
-            raise ValueError(f"moving_shapes has splits {', '.join(sizes)}; got {split!r}")
-        return LazyExamples(sizes[split], lambda index: self.example(split, index))
-
-    def prompt(self, example: Example) -> list[dict]:
-        return [{"role": "user", "content": media_parts(example) + [{"type": "text", "text": example.question}]}]
 
     def example_from_record(self, record: dict) -> Example:
         """An example from a predictions row (``id``, ``ground_truth``), for ``mmgpg eval --predictions``."""

@@ -21,13 +21,12 @@ Rewards: ``accuracy`` (the ``<answer>`` is exactly the right integer) and ``form
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from PIL import Image, ImageDraw
 
-from mmgpg.task import Example, LazyExamples, Task, media_parts
+from mmgpg.task import Example, GeneratedTask
 from mmgpg.task.rewards import format_reward, integer_accuracy, parse_int
 
 BACKGROUND = (123, 117, 104)
@@ -76,7 +75,7 @@ def draw_scene(rng: random.Random, width: int, height: int, count: int, size_ran
 
 
 @dataclass
-class ShapesTask(Task):
+class ShapesTask(GeneratedTask):
     """Count shapes in procedurally drawn images (embedded; no downloads)."""
 
     name: ClassVar[str] = "shapes"
@@ -103,15 +102,8 @@ class ShapesTask(Task):
         if self.format_reward:
             self.rewards["format"] = lambda completion, ex: format_reward(completion.strip())
 
-    def splits(self) -> dict[str, int]:
-        return {"train": self.num_train, "test": self.num_test}
-
     def example(self, split: str, index: int) -> Example:
-        sizes = self.splits()
-        if split not in sizes:
-            raise ValueError(f"shapes has splits {', '.join(sizes)}; got {split!r}")
-        if not 0 <= index < sizes[split]:
-            raise IndexError(f"shapes/{split} has {sizes[split]} items; got index {index}")
+        self.check_item(split, index)
         rng = random.Random(f"{self.seed}:{split}:{index}")
         width, height = rng.choice(SIZES)
         count = rng.randint(self.min_shapes, self.max_shapes)
@@ -123,16 +115,6 @@ class ShapesTask(Task):
             answer=count,
             meta={"kinds": [k for k, _, _ in shapes], "colours": [c for _, c, _ in shapes]},
         )
-
-    def load(self, split: str) -> Sequence[Example]:
-        """Items are drawn on access (4,000 images are never all held in memory)."""
-        sizes = self.splits()
-        if split not in sizes:
-            raise ValueError(f"shapes has splits {', '.join(sizes)}; got {split!r}")
-        return LazyExamples(sizes[split], lambda index: self.example(split, index))
-
-    def prompt(self, example: Example) -> list[dict]:
-        return [{"role": "user", "content": media_parts(example) + [{"type": "text", "text": example.question}]}]
 
     def example_from_record(self, record: dict) -> Example:
         """An example from a predictions row (``id``, ``ground_truth``), for ``mmgpg eval --predictions``."""

@@ -53,8 +53,8 @@ from mmgpg.typed import ConfigError, Problem, did_you_mean, from_dict
 if TYPE_CHECKING:
     from mmgpg.task.judges import Judgement
 
-__all__ = ["TASKS", "Example", "LazyExamples", "RewardFn", "Task", "TaskNotFound", "build_task", "media_parts",
-           "task_rewards", "task_success"]
+__all__ = ["TASKS", "Example", "GeneratedTask", "LazyExamples", "RewardFn", "Task", "TaskNotFound", "build_task",
+           "media_parts", "task_rewards", "task_success"]
 
 # The task names: `task=NAME`, `mmgpg tasks`, `mmgpg eval --task`. Built-ins and other packages register through the
 # entry-point group; a `path/to/file.py:ClassName` reference is resolved before it (find_task_class).
@@ -414,6 +414,35 @@ def good_items(items: Sequence[Example], limit: int | None, on_bad_row: str) -> 
                 raise
             skipped[i] = str(err)
     return out, skipped
+
+
+class GeneratedTask(Task):
+    """A task whose items are drawn on access, each a pure function of ``(seed, split, index)`` (the embedded
+    ``shapes``, ``moving_shapes``, ``arith``): its dataclass fields ``num_train`` / ``num_test`` size the two splits,
+    its :meth:`example` ``(split, index)`` draws one item (after :meth:`check_item`), and the prompt is the item's
+    media then its question, in one user turn."""
+
+    def splits(self) -> dict[str, int]:
+        return {"train": self.num_train, "test": self.num_test}
+
+    def check_item(self, split: str, index: int | None = None) -> int:
+        """The size of ``split``; a ValueError for another split, an IndexError for an index outside it."""
+        sizes = self.splits()
+        if split not in sizes:
+            raise ValueError(f"{self.name} has splits {', '.join(sizes)}; got {split!r}")
+        if index is not None and not 0 <= index < sizes[split]:
+            raise IndexError(f"{self.name}/{split} has {sizes[split]} items; got index {index}")
+        return sizes[split]
+
+    def example(self, split: str, index: int) -> Example:
+        raise NotImplementedError(f"{type(self).__name__} must define example(split, index)")
+
+    def load(self, split: str) -> Sequence[Example]:
+        """Items are drawn on access (thousands of images are never all held in memory)."""
+        return LazyExamples(self.check_item(split), lambda index: self.example(split, index))
+
+    def prompt(self, example: Example) -> list[dict]:
+        return [{"role": "user", "content": media_parts(example) + [{"type": "text", "text": example.question}]}]
 
 
 def _is_part(item: Any) -> bool:
