@@ -34,3 +34,27 @@ def test_moving_shapes_trains_evaluates_and_checks(tmp_path, family, kind, capsy
     assert "video tokens" in capsys.readouterr().out  # each prompt's video token count
     rows = read_metrics(run)
     assert rows[0]["plan/peak_mib"] > 0  # planned with the task's video (a video of model.video_max_frames frames)
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_gpg_gradient_on_video_prompts_equals_the_one_sequence_reference(tmp_path, family):
+    """The trainer's GPG step gradient on moving_shapes (each clip's video encoded once for its group, micro-batches
+    of 3 groups) against tests/support/gradient_reference.py: each completion alone, unpadded, through the model's
+    own forward with the processor's video tensors and full logits, the loss written by hand."""
+    from support.gradient_reference import (
+        ALPHA,
+        gpg_advantages,
+        make_groups,
+        make_trainer,
+        reference_gradient,
+        relative_error,
+        trainer_gradient,
+    )
+
+    trainer = make_trainer(f"tiny:{family}", str(tmp_path / "r"), "gpg", "task=moving_shapes", "model.min_pixels=1024",
+                           "model.max_pixels=4096", "train.micro_batch_prompts=3", "model.logprob_chunk_size=7")
+    groups = make_groups(trainer, [0, 1, 2, 3])
+    assert all(p["type"] == "video" for g in groups for p in g.example.media)
+    want = reference_gradient(trainer, groups, [gpg_advantages(g.rewards) for g in groups], alpha=ALPHA,
+                              aggregation="seq_mean_token_mean")
+    assert relative_error(trainer_gradient(trainer, groups), want) < 1e-5
