@@ -20,7 +20,7 @@ LONG_MODULES: dict[str, str] = {}
 # own layer or below. Each folder's __init__.py says the same in words.
 LAYERS: list[set[str]] = [
     {"mmgpg", "registry", "typed", "jsonl", "utils", "distributed", "algorithms", "correction", "runlock"},  # foundations
-    {"models", "task"},  # the policy seam and the task contract
+    {"models", "task", "tools"},  # the policy seam, the task contract and the tools tasks offer
     {"rollout", "backends"},  # generation and the training backend (they read models/ and task/)
     {"config"},  # the schema and its checks read every registry below
     {"rundir"},  # the run directory: reads config.yaml back as a Config
