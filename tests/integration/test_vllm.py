@@ -311,6 +311,21 @@ def server(tiny_dirs):
 
 
 @pytest.mark.slow
+def test_server_mode_takes_videos(server, tiny_dirs):
+    """The same video prompts through `mmgpg vllm-serve` (frames sent as PNG, lossless): greedy completions equal
+    HF's, one prompt at a time. (Before the test below, which shuts the module's server down.)"""
+    from support.conversations import mixed_video_conversations
+
+    url, _ = server
+    policy = _policy(tiny_dirs["qwen2_vl"])
+    eng = build_engine("vllm", policy, EngineSettings.from_config(_config("rollout.engine=vllm", f"rollout.vllm_server={url}",
+                                               "rollout.vllm_server_timeout=60")))
+    convs = mixed_video_conversations()
+    assert _vllm_ids(eng.generate(convs, 1, Sampling.greedy(16))) == _hf_greedy(policy, convs, 16)
+    eng.close()
+
+
+@pytest.mark.slow
 def test_server_mode_same_rollouts_sync_and_shutdown(server, tiny_dirs):
     from mmgpg.rollout.vllm_core import Request
     from mmgpg.rollout.vllm_server import VLLMServerError
@@ -502,18 +517,3 @@ def test_a_video_task_trains_with_vllm_and_the_check_holds(tmp_path):
             assert m["rollout/logprob_diff_max"] <= TOKEN_TOL and m["rollout/logprob_diff_mean"] <= MEAN_TOL, m
     finally:
         trainer.engine.close()
-
-
-@pytest.mark.slow
-def test_server_mode_takes_videos(server, tiny_dirs):
-    """The same video prompts through `mmgpg vllm-serve` (frames sent as PNG, lossless): greedy completions equal
-    HF's, one prompt at a time."""
-    from support.conversations import mixed_video_conversations
-
-    url, _ = server
-    policy = _policy(tiny_dirs["qwen2_vl"])
-    eng = build_engine("vllm", policy, EngineSettings.from_config(_config("rollout.engine=vllm", f"rollout.vllm_server={url}",
-                                               "rollout.vllm_server_timeout=60")))
-    convs = mixed_video_conversations()
-    assert _vllm_ids(eng.generate(convs, 1, Sampling.greedy(16))) == _hf_greedy(policy, convs, 16)
-    eng.close()
