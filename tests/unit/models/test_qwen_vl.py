@@ -89,8 +89,14 @@ def test_shared_image_features_equal_repeated_pixels(tiny_dirs, family):
     """Encoding each image once for its G copies gives the same log-probs and the same gradients (Qwen3-VL: with its
     DeepStack features shared the same way)."""
     policy = load_policy(str(tiny_dirs[family]), dtype="float32", min_pixels=3136, max_pixels=12544, device="cpu")
+    assert_encoded_once_equals_per_copy(policy, mixed_image_conversations(), group_size=4, max_new_tokens=12)
+
+
+def assert_encoded_once_equals_per_copy(policy, conversations, *, group_size: int, max_new_tokens: int) -> None:
+    """Log-probs and vision-tower gradients with each image/video encoded once per prompt equal those with its
+    pixels repeated per copy."""
     torch.manual_seed(1)
-    rollout = policy.generate(policy.encode_prompts(mixed_image_conversations()), 4, max_new_tokens=12)
+    rollout = policy.generate(policy.encode_prompts(conversations), group_size, max_new_tokens=max_new_tokens)
     results = []
     for once in (True, False):
         policy.model.zero_grad()

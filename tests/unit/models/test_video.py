@@ -9,7 +9,7 @@ import pytest
 import torch
 from support.conversations import mixed_video_conversations, moving_dot_frames
 from support.families import QWEN_VL
-from test_qwen_vl import reference_logprobs
+from test_qwen_vl import assert_encoded_once_equals_per_copy, reference_logprobs
 
 from mmgpg.models.load import load_policy
 from mmgpg.models.qwen_vl import video_part
@@ -37,17 +37,7 @@ def test_video_logprobs_equal_the_unpadded_reference(tiny_dirs, family):
 @pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
 def test_videos_encoded_once_equal_encoded_per_copy(tiny_dirs, family):
     policy = load_policy(str(tiny_dirs[family]), dtype="float32", device="cpu", **BOUNDS)
-    torch.manual_seed(1)
-    rollout = policy.generate(policy.encode_prompts(mixed_video_conversations()), 3, max_new_tokens=8)
-    results = []
-    for once in (True, False):
-        policy.model.zero_grad()
-        logp = policy.completion_logprobs(rollout, encode_images_once=once)
-        logp.sum().backward()
-        grad = torch.cat([p.grad.flatten() for n, p in policy.model.named_parameters() if "visual" in n])
-        results.append((logp.detach(), grad))
-    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-6, rtol=0)
-    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-5, rtol=1e-4)
+    assert_encoded_once_equals_per_copy(policy, mixed_video_conversations(), group_size=3, max_new_tokens=8)
 
 
 def test_frame_budget_and_rate(tiny_dirs):
