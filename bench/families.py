@@ -38,7 +38,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_family(family: str, engine: str, steps: int, workdir: Path) -> dict:
+def run_family(family: str, engine: str, steps: int, workdir: Path, overrides: tuple[str, ...] = ()) -> dict:
+    """``steps`` GRPO steps of ``family``'s tiny model (``overrides``: more config keys, applied last) and the
+    medians of the steps after the first."""
     from mmgpg.config import resolve
     from mmgpg.models import FAMILIES
     from mmgpg.rundir import read_metrics
@@ -51,7 +53,7 @@ def run_family(family: str, engine: str, steps: int, workdir: Path) -> dict:
                    "rollout.group_size=4", "rollout.max_new_tokens=24", "train.prompts_per_step=4",
                    "train.micro_batch_prompts=4", f"train.max_steps={steps}", "algo.min_valid_fraction=0",
                    "train.tensorboard=false", "train.progress=false", "train.eval_every=0", "model.dtype=float32",
-                   "train.save_every=0", f"output_dir={workdir / family}"])
+                   "train.save_every=0", f"output_dir={workdir / family}", *overrides])
     t0 = time.perf_counter()
     Trainer(cfg).train()
     wall = time.perf_counter() - t0
