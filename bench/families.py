@@ -73,6 +73,15 @@ def run_family(family: str, engine: str, steps: int, workdir: Path, overrides: t
             "rss": rss, "wall_s": wall}
 
 
+def child_result(cmd: list[str], what: str) -> dict:
+    """Run ``cmd`` (this or another bench script measuring one configuration in a process of its own, so that its
+    RSS is its own) and return the JSON of its last output line; exit with its error output if it failed."""
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"bench/{Path(cmd[1]).name}: {what} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def table(results: list[dict]) -> str:
     phases = sorted({p for r in results for p in r["rss"]})
     head = ["family", "engine", "rollout s", "tokens/s", "update s", "step s", *[f"peak RSS {p} MiB" for p in phases]]
@@ -115,10 +124,7 @@ def main() -> None:
         print(f"{family} ...", flush=True)
         cmd = [sys.executable, __file__, "--one", family, "--engine", args.engine, "--steps", str(args.steps),
                "--threads", str(args.threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.exit(f"bench/families.py: {family} failed:\n{proc.stderr[-3000:]}")
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        results.append(child_result(cmd, family))
     text = (f"{table(results)}\n\nmachine: {os.cpu_count()} CPUs, load average before {load[0]:.2f}, after "
             f"{os.getloadavg()[0]:.2f}; {args.steps - 1} measured steps per family (medians; tokens/s over all)\n")
     print(text)

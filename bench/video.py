@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,7 +59,7 @@ def main() -> None:
     ap.add_argument("--out", help="also write the results (markdown) here")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one frame count in this process
     args = ap.parse_args()
-    from families import run_family, table
+    from families import child_result, run_family, table
 
     if args.one:
         with tempfile.TemporaryDirectory() as tmp:
@@ -80,10 +79,7 @@ def main() -> None:
         print(f"{frames} frames ...", flush=True)
         cmd = [sys.executable, __file__, "--one", str(frames), "--engine", args.engine, "--steps", str(args.steps),
                "--family", args.family]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            sys.exit(f"bench/video.py: {frames} frames failed:\n{proc.stderr[-3000:]}")
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+        results.append(child_result(cmd, f"{frames} frames"))
     lines.append(table(results))
     lines.append(f"\nmachine: {os.cpu_count()} CPUs, load average before {load[0]:.2f}, after {os.getloadavg()[0]:.2f}; "
                  f"{args.steps - 1} measured steps per row (medians; tokens/s over all)\n")

@@ -49,6 +49,9 @@ class Family:
     sizes: tuple[str, ...] = ("tiny",)
     """``mmgpg model tiny --size`` choices (``shape_true*``: a released checkpoint's dimensions)."""
     takes_images: bool = True
+    takes_videos: bool = False
+    """Its policy takes video parts (:mod:`mmgpg.models.qwen_vl`: the Qwen-VL line); the vLLM engine then accepts
+    ``rollout.vllm_max_videos`` per prompt, and every other family none."""
     vision_module: str = "model.visual"
     """The vision tower's attribute path from the model (``train.freeze_vision``, parameter counts); "" text-only."""
     packing: bool = False

@@ -12,6 +12,20 @@ from typing import Any
 import torch
 
 
+def is_image_part(part: Any) -> bool:
+    """A chat content part that is an image (``{"type": "image" | "image_url", ...}`` or one with an ``image`` key).
+
+    >>> is_image_part({"type": "image", "image": "a.png"}), is_image_part({"image": "a.png"}), is_image_part("text")
+    (True, True, False)
+    """
+    return isinstance(part, dict) and (part.get("type") in ("image", "image_url") or "image" in part)
+
+
+def is_video_part(part: Any) -> bool:
+    """A chat content part that is a video (``{"type": "video", ...}`` or one with a ``video`` key)."""
+    return isinstance(part, dict) and (part.get("type") == "video" or "video" in part)
+
+
 @dataclass
 class PromptBatch:
     """Left-padded chat prompts with their media.
@@ -25,7 +39,8 @@ class PromptBatch:
     attention_mask: torch.Tensor  # [P, Lp]
     mm_token_type_ids: torch.Tensor  # [P, Lp]; transformers' convention: 0 text, 1 image placeholder, 2 video
     vision: list[dict[str, torch.Tensor]]  # per prompt: the processor's vision tensors for it ({}: no media)
-    media: list[list[Any]]  # per prompt: the loaded media the processor saw (an engine that takes images: vLLM)
+    media: list[list[Any]]  # per prompt: the loaded media the processor saw, for an engine that takes them (vLLM):
+    # images (PIL), then videos as (frames, metadata) pairs
     texts: list[str]
 
     @property

@@ -34,14 +34,8 @@ from typing import Any, ClassVar
 import torch
 
 from mmgpg.models.base import PolicyBase
-from mmgpg.models.batch import CompletionBatch, PromptBatch, join_vision
+from mmgpg.models.batch import CompletionBatch, PromptBatch, is_image_part, join_vision
 from mmgpg.models.text import positions
-
-_IMAGE_TYPES = ("image", "image_url")
-
-
-def _image_part(part: Any) -> bool:
-    return isinstance(part, dict) and (part.get("type") in _IMAGE_TYPES or "image" in part)
 
 
 class ImageTextPolicy(PolicyBase):
@@ -77,7 +71,7 @@ class ImageTextPolicy(PolicyBase):
                 raise ValueError("a raw prompt is exactly one {'role': 'raw', 'content': [parts]} message")
             pieces = []
             for part in conversation[0]["content"]:
-                if _image_part(part):
+                if is_image_part(part):
                     pieces.append(self.spec.raw_image_text)
                 elif isinstance(part, dict) and part.get("type") == "text":
                     pieces.append(str(part["text"]))
@@ -99,7 +93,7 @@ class ImageTextPolicy(PolicyBase):
                 if isinstance(part, dict) and (part.get("type") in ("video", "video_url") or "video" in part):
                     raise ValueError(f"{where} has a video part: video inputs are not supported by mmgpg yet; give "
                                      "images")
-                if _image_part(part):
+                if is_image_part(part):
                     source = part.get("image", part.get("image_url", part.get("url")))
                     if isinstance(source, dict):
                         source = source.get("url")

@@ -232,9 +232,10 @@ def load_policy(
     options = dict(min_pixels=min_pixels, max_pixels=max_pixels) if cls.takes_images else {}
     policy = cls(model, processor, max_prompt_length=max_prompt_length, **options)
     policy.chat_template_kwargs = dict(chat_template_kwargs or {})
-    for name, value in (("video_fps", video_fps), ("video_max_frames", video_max_frames)):
-        if value is not None and hasattr(policy, name):
-            setattr(policy, name, value)
+    if policy.spec.takes_videos:
+        for name, value in (("video_fps", video_fps), ("video_max_frames", video_max_frames)):
+            if value is not None:
+                setattr(policy, name, value)
     return policy
 
 

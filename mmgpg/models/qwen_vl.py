@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import torch
 
 from mmgpg.models.base import PolicyBase
-from mmgpg.models.batch import CompletionBatch, PromptBatch, join_vision
+from mmgpg.models.batch import CompletionBatch, PromptBatch, is_image_part, is_video_part, join_vision
 from mmgpg.models.logprobs import group_image_index
 
 VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
@@ -95,10 +95,10 @@ class QwenVLPolicy(PolicyBase):
             if isinstance(message.get("content"), list):
                 parts = []
                 for part in message["content"]:
-                    if _is_video(part):
+                    if is_video_part(part):
                         part = video_part(part, self.video_fps, self.video_max_frames, self.min_pixels,
                                           self.max_pixels)
-                    elif isinstance(part, dict) and (part.get("type") in ("image", "image_url") or "image" in part):
+                    elif is_image_part(part):
                         part = {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, **part}
                     parts.append(part)
                 conversation[m] = {**message, "content": parts}
@@ -111,9 +111,9 @@ class QwenVLPolicy(PolicyBase):
                 raise ValueError("a raw prompt is exactly one {'role': 'raw', 'content': [parts]} message")
             pieces = []
             for part in conversation[0]["content"]:
-                if part.get("type") in ("image", "image_url") or "image" in part:
+                if is_image_part(part):
                     pieces.append("<|vision_start|><|image_pad|><|vision_end|>")
-                elif _is_video(part):
+                elif is_video_part(part):
                     pieces.append("<|vision_start|><|video_pad|><|vision_end|>")
                 elif part.get("type") == "text":
                     pieces.append(str(part["text"]))
@@ -144,14 +144,14 @@ class QwenVLPolicy(PolicyBase):
         conversations = [self._with_media_defaults(c) for c in conversations]
         texts = [self.render_prompt(c) for c in conversations]
         infos = [extract_vision_info([c]) for c in conversations]
-        videos_per_prompt = [sum(_is_video(i) for i in info) for info in infos]
+        videos_per_prompt = [sum(is_video_part(i) for i in info) for info in infos]
         images_per_prompt = [len(info) - v for info, v in zip(infos, videos_per_prompt)]
-        images = [fetch_image(i, image_patch_size=self.patch_size) for info in infos for i in info if not _is_video(i)]
-        loaded = [load_video(i, self.patch_size) for info in infos for i in info if _is_video(i)]
+        images = [fetch_image(i, image_patch_size=self.patch_size) for info in infos for i in info if not is_video_part(i)]
+        loaded = [load_video(i, self.patch_size) for info in infos for i in info if is_video_part(i)]
         videos = [frames for frames, _ in loaded] or None
-        # frames already sampled; the metadata gives Qwen3-VL's timestamps and Qwen2.5-VL's temporal positions
         # frames already sampled and resized (load_video): the video processor must neither sample nor resize them
-        # again (a checkpoint's video processor has its own, larger pixel bounds)
+        # again (a checkpoint's video processor has its own, larger pixel bounds); the metadata gives Qwen3-VL's
+        # timestamps and Qwen2.5-VL's temporal positions
         media_kwargs: dict[str, Any] = {"video_metadata": [m for _, m in loaded],
                                         "videos_kwargs": {"do_sample_frames": False, "do_resize": False}} \
             if loaded else {}
@@ -419,10 +419,6 @@ def read_video(path: str, fps: float, max_frames: int) -> tuple[list, dict]:
     wanted = int(min(max(round(total / rate * fps), 2), max_frames, total))
     indices = np.linspace(0, total - 1, max(wanted, 1)).round().astype(int).tolist()
     return [frames[i] for i in indices], {"fps": rate, "frames_indices": indices, "total_num_frames": total}
-
-
-def _is_video(part: Any) -> bool:
-    return isinstance(part, dict) and (part.get("type") == "video" or "video" in part)
 
 
 def video_part(part: dict, fps: float, max_frames: int, min_pixels: int, max_pixels: int) -> dict:

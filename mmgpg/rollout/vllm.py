@@ -55,11 +55,11 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-
 def vllm_video(frames: torch.Tensor, metadata: dict) -> tuple:
     """A video of the policy's batch (``PromptBatch.media``: float frames ``[T, 3, H, W]`` of 0..255 values, as
     sampled and resized by the policy) as vLLM takes it: a uint8 ``[T, H, W, 3]`` array and the metadata."""
     return frames.permute(0, 2, 3, 1).round().clamp(0, 255).to(torch.uint8).numpy(), dict(metadata)
+
 
 class VLLMEngine:
     """Weights arrive through :meth:`sync_weights` as the training backend's ``full_weights`` (LoRA merged: vLLM's
@@ -128,7 +128,7 @@ class VLLMEngine:
             self.core = None
             self._settings = CoreSettings(
                 model=str(self._tmp), dtype=self.dtype, max_model_len=self.max_model_len, max_images=r.vllm_max_images,
-                max_videos=r.vllm_max_videos if hasattr(policy, "video_fps") else 0,
+                max_videos=r.vllm_max_videos if policy.spec.takes_videos else 0,
                 multimodal=self.multimodal, **({"min_pixels": pixels[0], "max_pixels": pixels[1]}
                                                if self.multimodal else {}), seed=settings.seed,
                 gpu_memory_utilization=r.vllm_gpu_memory_utilization, tensor_parallel_size=r.vllm_tensor_parallel_size,

@@ -430,13 +430,13 @@ def takes_images(model: str) -> bool:
 
 
 def _video_limit(model: str, wanted: int) -> int:
-    """``wanted`` for a checkpoint of a family whose policy takes videos (the Qwen-VL families), else 0."""
+    """``wanted`` for a checkpoint of a family whose policy takes videos (``Family.takes_videos``), else 0."""
     from transformers import AutoConfig
 
     from mmgpg.models import FAMILIES
 
     spec = FAMILIES.get(getattr(AutoConfig.from_pretrained(model), "model_type", None))
-    return wanted if spec is not None and spec.policy.endswith(":QwenVLPolicy") else 0
+    return wanted if spec is not None and spec.takes_videos else 0
 
 
 def serve(args) -> int:

@@ -47,10 +47,10 @@ def media_counts(conversation: list[dict]) -> tuple[int, int]:
     >>> media_counts([{"role": "user", "content": [{"type": "video", "video": []}, {"type": "text", "text": "?"}]}])
     (0, 1)
     """
-    parts = [p for m in conversation if isinstance(m.get("content"), list) for p in m["content"] if isinstance(p, dict)]
-    videos = sum(p.get("type") == "video" or "video" in p for p in parts)
-    images = sum(p.get("type") in ("image", "image_url") or "image" in p for p in parts)
-    return images, videos
+    from mmgpg.models.batch import is_image_part, is_video_part
+
+    parts = [p for m in conversation if isinstance(m.get("content"), list) for p in m["content"]]
+    return sum(map(is_image_part, parts)), sum(map(is_video_part, parts))
 
 
 def saved_wandb_id(run_dir: Path, *, resuming: bool) -> str | None:

@@ -130,3 +130,12 @@ def test_text_after_a_video_resumes_after_its_last_temporal_position(tiny_dirs, 
     theirs = type(model).get_rope_index(model, image_only.input_ids, image_only.mm_token_type_ids,
                                         image_grid_thw=grid, attention_mask=image_only.attention_mask)
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs)) and "video_grid_thw" in images.vision[0]
+
+
+def test_the_families_that_take_videos_are_the_qwen_vl_policys():
+    """``Family.takes_videos`` (what the vLLM engine's video limit and the frame budget follow) is declared for
+    exactly the families of the policy that reads video parts."""
+    from mmgpg.models import FAMILIES
+
+    assert {f for f in FAMILIES if FAMILIES[f].takes_videos} == set(QWEN_VL) == \
+        {f for f in FAMILIES if FAMILIES[f].policy.endswith(":QwenVLPolicy")}
