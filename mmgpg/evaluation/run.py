@@ -29,6 +29,7 @@ from mmgpg.evaluation.budget import check_records, sample_units
 from mmgpg.evaluation.passk import pass_at_k_metrics
 from mmgpg.rollout import RolloutEngine, Sampling
 from mmgpg.rollout.engine import request_seed
+from mmgpg.rollout.episode import episode_fields, rollout
 from mmgpg.task import Example, Task, good_items
 from mmgpg.task.judges import Judgement
 
@@ -51,7 +52,7 @@ def sampled_scores(engine: RolloutEngine, task: Task, examples: Sequence[Example
     check_records(len(examples), samples, max_new_tokens)
     for start, n, _, k in units:
         chunk = examples[start : start + n]
-        out = engine.generate([task.prompt(ex) for ex in chunk], k, Sampling(max_new_tokens, temperature))
+        out = rollout(engine, task, chunk, k, Sampling(max_new_tokens, temperature))
         per_sample += [judge_output(task, text, chunk[i // k], protocol) for i, text in enumerate(out.texts)]
     return judged_metrics(task, per_sample)
 
@@ -99,10 +100,10 @@ def evaluate(engine: RolloutEngine, task: Task, examples: Sequence[Example], *, 
     mine: list[tuple[int, list[dict[str, Any]]]] = []
     for b in range(info.rank, len(starts), info.world_size):
         chunk = examples[starts[b] : starts[b] + batch_size]
-        out = engine.generate([task.prompt(ex) for ex in chunk], 1, Sampling.greedy(max_new_tokens))
+        out = rollout(engine, task, chunk, 1, Sampling.greedy(max_new_tokens))
         mine.append((b, [{"id": ex.id, **task.record_fields(ex), "model_output": text, "tokens": int(mask.sum()),
-                          **judge_output(task, text, ex, protocol)}
-                         for ex, text, mask in zip(chunk, out.texts, out.completion_mask)]))
+                          **judge_output(task, text, ex, protocol), **episode_fields(out, i)}
+                         for i, (ex, text, mask) in enumerate(zip(chunk, out.texts, out.completion_mask))]))
     batches = dict(pair for part in (distributed.gather_objects(mine) if info.enabled else [mine]) for pair in part)
     records: list[dict[str, Any]] = [rec for b in sorted(batches) for rec in batches[b]]
     metrics = judged_metrics(task, records)
@@ -204,12 +205,13 @@ def evaluate_sampled(engine: RolloutEngine, task: Task, examples: Sequence[Examp
             piece = () if kc == k else (first // batch_size,)  # a problem's samples in pieces: each its own seeds
             sampling = Sampling(max_new_tokens, decoding.temperature, decoding.top_p, decoding.top_k,
                                 seed_key=(decoding.seed, EVAL_SEED_STREAM, *piece), first_prompt=start)
-            out = engine.generate([task.prompt(ex) for ex in chunk], kc, sampling)
+            out = rollout(engine, task, chunk, kc, sampling)
             rows = []
             for i, (text, mask) in enumerate(zip(out.texts, out.completion_mask)):
                 ex = chunk[i // kc]
                 rows.append({"id": ex.id, **task.record_fields(ex), "sample": first + i % kc, "model_output": text,
-                             "tokens": int(mask.sum()), **judge_output(task, text, ex, protocol)})
+                             "tokens": int(mask.sum()), **judge_output(task, text, ex, protocol),
+                             **episode_fields(out, i)})
             mine.append((b, rows))
     batches = dict(pair for part in (distributed.gather_objects(mine) if info.enabled else [mine]) for pair in part)
     records: list[dict[str, Any]] = [rec for b in sorted(batches) for rec in batches[b]]

@@ -52,6 +52,9 @@ class Family:
     takes_videos: bool = False
     """Its policy takes video parts (:mod:`mmgpg.models.qwen_vl`: the Qwen-VL line); the vLLM engine then accepts
     ``rollout.vllm_max_videos`` per prompt, and every other family none."""
+    takes_tools: bool = False
+    """Its policy continues multi-turn episodes with observation images between turns (``encode_observation``: the
+    Qwen-VL line), so tasks with tools run on it."""
     vision_module: str = "model.visual"
     """The vision tower's attribute path from the model (``train.freeze_vision``, parameter counts); "" text-only."""
     packing: bool = False

@@ -111,6 +111,35 @@ def gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -
     )
 
 
+def extend_prompts(batch: PromptBatch, rows: Sequence[tuple[int, Sequence[int], Sequence[int], Sequence[dict],
+                                                           Sequence[Any]]], pad_token_id: int) -> PromptBatch:
+    """Prompts that continue prompts of ``batch``: one left-padded row per ``(p, ids, mm, vision, media)``, prompt
+    ``p``'s tokens followed by ``ids`` (their mm token types ``mm``), its vision inputs followed by ``vision`` (each
+    a processor output of the added images, in order), its media followed by ``media``. What the next turn of a
+    multi-turn episode is generated from (:mod:`mmgpg.rollout.episode`); ``texts`` are empty (an engine that needs
+    text cannot continue an episode).
+
+    >>> b = PromptBatch(torch.tensor([[0, 7]]), torch.tensor([[0, 1]]), torch.zeros(1, 2, dtype=torch.long), [{}], [[]], ["x"])
+    >>> e = extend_prompts(b, [(0, [8, 9], [0, 0], [], []), (0, [], [], [], [])], pad_token_id=0)
+    >>> e.input_ids.tolist(), e.attention_mask.tolist()
+    ([[7, 8, 9], [0, 0, 7]], [[1, 1, 1], [0, 0, 1]])
+    """
+    ids, mm, vision, media = [], [], [], []
+    for p, extra_ids, extra_mm, extra_vision, extra_media in rows:
+        keep = batch.attention_mask[p].bool()
+        ids.append(torch.cat([batch.input_ids[p][keep], torch.as_tensor(list(extra_ids), dtype=torch.long)]))
+        mm.append(torch.cat([batch.mm_token_type_ids[p][keep].long(), torch.as_tensor(list(extra_mm), dtype=torch.long)]))
+        vision.append(join_vision([batch.vision[p], *extra_vision]))
+        media.append([*batch.media[p], *extra_media])
+    width = max(len(x) for x in ids)
+
+    def left_pad(rows_, value):
+        return torch.stack([torch.cat([r.new_full((width - len(r),), value), r]) for r in rows_])
+
+    return PromptBatch(left_pad(ids, pad_token_id), left_pad([torch.ones_like(r) for r in ids], 0), left_pad(mm, 0),
+                       vision, media, [""] * len(ids))
+
+
 @dataclass
 class CompletionBatch:
     """Prompts with ``group_size`` completions each, prompt-major: row ``p * group_size + g``. A rollout engine's
@@ -122,6 +151,14 @@ class CompletionBatch:
     completion_mask: torch.Tensor  # [P*G, T] bool, True up to and including the first EOS
     texts: list[str] = field(default_factory=list)  # decoded completions without special tokens
     sampled_logprobs: torch.Tensor | None = None  # [P*G, T] the engine's log-probs of the sampled tokens, if it gives them
+    # Multi-turn episodes (mmgpg.rollout.episode): the "completion" is everything after the prompt — the policy's
+    # turns and the observations between them. completion_mask is then the loss mask (1 on the policy's own tokens
+    # only) and these say what else the sequence holds; None for a single-turn batch.
+    context_mask: torch.Tensor | None = None  # [P*G, T] bool: the row's real tokens (policy and observation)
+    completion_mm: torch.Tensor | None = None  # [P*G, T] mm token types of the completion tokens (observation images)
+    row_vision: list[dict[str, torch.Tensor]] | None = None  # per row: its observation images' vision inputs
+    row_media: list[list[Any]] | None = None  # per row: its observation images (PIL)
+    episodes: list[Any] | None = None  # per row: its mmgpg.rollout.episode.Episode (turns, tool calls, limits)
 
     @property
     def num_sequences(self) -> int:
@@ -130,3 +167,9 @@ class CompletionBatch:
     @property
     def num_completion_tokens(self) -> int:
         return int(self.completion_mask.sum())
+
+    @property
+    def present_mask(self) -> torch.Tensor:
+        """``[P*G, T]`` bool: the tokens each row holds after its prompt (:attr:`context_mask` of an episode batch,
+        else the completion mask)."""
+        return self.completion_mask if self.context_mask is None else self.context_mask

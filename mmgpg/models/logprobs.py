@@ -45,21 +45,32 @@ def pad_completions(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tu
     return ids, mask
 
 
-def group_image_index(images_per_prompt: Sequence[int], group_size: int) -> list[int]:
+def group_image_index(images_per_prompt: Sequence[int], group_size: int,
+                      images_per_row: Sequence[int] | None = None) -> list[int]:
     """Image indices of the expanded (prompt-major, ``group_size`` copies per prompt) batch.
 
     Prompt ``p`` owns images ``offset_p .. offset_p + n_p - 1``; copy ``g`` of prompt ``p`` sees them in that order.
+    ``images_per_row`` (an episode batch: each row's own observation images, indexed after all the prompts' images,
+    row by row) adds row ``r``'s own images after its prompt's.
 
     >>> group_image_index([2, 1], 2)
     [0, 1, 0, 1, 2, 2]
+    >>> group_image_index([1, 0], 2, images_per_row=[1, 0, 2, 1])
+    [0, 1, 0, 2, 3, 4]
     """
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1; got {group_size}")
     out: list[int] = []
     offset = 0
-    for n in images_per_prompt:
+    row_offset = sum(images_per_prompt)
+    for p, n in enumerate(images_per_prompt):
         own = list(range(offset, offset + n))
-        out.extend(own * group_size)
+        for g in range(group_size):
+            out.extend(own)
+            if images_per_row is not None:
+                k = images_per_row[p * group_size + g]
+                out.extend(range(row_offset, row_offset + k))
+                row_offset += k
         offset += n
     return out
 

@@ -21,13 +21,13 @@ MROPE_PACKING = ("its 3-D rotary positions are computed from each padded row and
 
 QWEN2_VL = Family(
     "qwen2_vl", "Qwen2-VL", vllm=True, policy="mmgpg.models.qwen_vl:QwenVLPolicy", tiny="mmgpg.models.qwen2",
-    token_types_kwarg="mm_token_type_ids", pixel_bounds=True, takes_videos=True,
+    token_types_kwarg="mm_token_type_ids", pixel_bounds=True, takes_videos=True, takes_tools=True,
     example="Qwen/Qwen2-VL-2B-Instruct", sizes=("tiny", "shape_true"), box_format="norm1000",
     lora_vision=_VISION_LORA, lora_merger=_MERGER_LORA, packing_note=MROPE_PACKING, planned_layers=True,
     vision_block_bytes=((44, 12, 32), (22, 6, 24)))  # LayerNorm, fc1 -> QuickGELU -> fc2
 QWEN2_5_VL = Family(
     "qwen2_5_vl", "Qwen2.5-VL", vllm=True, policy="mmgpg.models.qwen_vl:QwenVLPolicy", tiny="mmgpg.models.qwen2",
-    token_types_kwarg="mm_token_type_ids", pixel_bounds=True, takes_videos=True,
+    token_types_kwarg="mm_token_type_ids", pixel_bounds=True, takes_videos=True, takes_tools=True,
     example="Qwen/Qwen2.5-VL-3B-Instruct", sizes=("tiny", "shape_true", "shape_true_7b"),
     box_format="resized_pixels", lora_vision=_VISION_LORA, lora_merger=_MERGER_LORA, packing_note=MROPE_PACKING,
     planned_layers=True, vision_block_bytes=((52, 16, 24), (30, 8, 24)))  # RMSNorm, SwiGLU

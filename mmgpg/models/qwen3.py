@@ -30,7 +30,7 @@ _MERGER_LORA = r"model\.visual\.(?:merger|deepstack_merger_list\.\d+)\.linear_fc
 _VISION_BYTES = ((44, 8, 32), (22, 4, 24))
 
 _QWEN_VL = dict(policy="mmgpg.models.qwen_vl:QwenVLPolicy", tiny="mmgpg.models.qwen3", box_format="norm1000",
-                token_types_kwarg="mm_token_type_ids", pixel_bounds=True, takes_videos=True,
+                token_types_kwarg="mm_token_type_ids", pixel_bounds=True, takes_videos=True, takes_tools=True,
                 lora_vision=_VISION_LORA, lora_merger=_MERGER_LORA, vision_block_bytes=_VISION_BYTES)
 RECURRENT_PACKING = ("its linear-attention layers carry a recurrent state from one packed row into the next (and "
                      "transformers passes them no sequence boundaries); micro-batches are length-grouped and trimmed "

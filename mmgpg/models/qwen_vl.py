@@ -169,6 +169,38 @@ class QwenVLPolicy(PolicyBase):
         return PromptBatch(input_ids=input_ids, attention_mask=enc["attention_mask"], mm_token_type_ids=mm,
                            vision=split_vision(enc, images_per_prompt, videos_per_prompt), media=media, texts=texts)
 
+    def observation_text(self, content: list[dict]) -> str:
+        """What follows an assistant turn that ended with its end-of-turn token, up to and including the next
+        assistant turn's generation prompt, when a user message with ``content`` comes between them: rendered by
+        the chat template itself (around a placeholder turn), so every template's glue is its own. Image parts are
+        the template's placeholders (not yet expanded)."""
+        marker = "\x00"
+        conversation = [{"role": "user", "content": "?"}, {"role": "assistant", "content": marker},
+                        {"role": "user", "content": content}]
+        text = self.processor.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False,
+                                                  **self.chat_template_kwargs)
+        start = text.index(marker) + len(marker)
+        ends = self.tokenizer.convert_ids_to_tokens(self.eos_token_ids)
+        found = [(text.find(e, start), e) for e in ends if e and text.find(e, start) >= 0]
+        if not found:
+            raise ValueError(f"the {self.family} chat template ends an assistant turn with none of the EOS tokens "
+                             f"{ends}: an episode cannot continue after a turn")
+        at, eos = min(found)
+        return text[at + len(eos):]
+
+    def encode_observation(self, content: list[dict]) -> tuple[list[int], list[int], dict[str, torch.Tensor], list]:
+        """An observation (a user message with ``content``: text and image parts) as the tokens that continue an
+        episode after the policy's turn (:meth:`observation_text`, image placeholders expanded by the processor):
+        ``(ids, mm token types, vision inputs, images)``, images resized within the pixel bounds like a prompt's."""
+        from qwen_vl_utils import fetch_image
+
+        parts = self._with_media_defaults([{"role": "user", "content": content}])[0]["content"]
+        images = [fetch_image(part, image_patch_size=self.patch_size) for part in parts if is_image_part(part)]
+        enc = self.processor(text=[self.observation_text(parts)], images=images or None, return_tensors="pt")
+        ids = enc["input_ids"][0]
+        mm = (ids == self.image_token_id).long()
+        return ids.tolist(), mm.tolist(), split_vision(enc, [len(images)])[0], images
+
     # ---- sampling -------------------------------------------------------------------------------------------------
 
     def generate(
@@ -247,17 +279,23 @@ class QwenVLPolicy(PolicyBase):
         batch = batch.to(device)
         comp_ids, comp_mask = comp_ids.to(device), comp_mask.to(device)
         prompt_len = batch.input_ids.shape[1]
+        # an episode batch (mmgpg.rollout.episode): observation tokens are attended but not scored (comp_mask is the
+        # loss mask), and each row's observation images follow its prompt's
+        present = rollout.present_mask.to(device)
+        comp_mm = rollout.completion_mm.to(device) if rollout.completion_mm is not None else torch.zeros_like(comp_ids)
+        rows = rollout.row_vision
         input_ids = torch.cat([batch.input_ids.repeat_interleave(G, 0), comp_ids], dim=1)
-        attention_mask = torch.cat([batch.attention_mask.repeat_interleave(G, 0), comp_mask.long()], dim=1)
-        mm = torch.cat([batch.mm_token_type_ids.repeat_interleave(G, 0), torch.zeros_like(comp_ids)], dim=1)
+        attention_mask = torch.cat([batch.attention_mask.repeat_interleave(G, 0), present.long()], dim=1)
+        mm = torch.cat([batch.mm_token_type_ids.repeat_interleave(G, 0), comp_mm], dim=1)
         kwargs: dict[str, Any] = dict(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=mm)
-        vision = join_vision(batch.vision)
+        vision = join_vision([*batch.vision, *(v for v in rows or () if v)])
         encoded: dict[str, Any] = {}
         for kind, pixels_key, grid_key in (("image", "pixel_values", "image_grid_thw"),
                                            ("video", "pixel_values_videos", "video_grid_thw")):
             if grid_key not in vision:
                 continue
-            index = group_image_index([len(v.get(grid_key, ())) for v in batch.vision], G)
+            index = group_image_index([len(v.get(grid_key, ())) for v in batch.vision], G,
+                                      None if rows is None else [len(v.get(grid_key, ())) for v in rows])
             kwargs[grid_key] = vision[grid_key][index]
             if kind == "video" and "second_per_grid_ts" in vision:  # Qwen2.5-VL's temporal positions
                 kwargs["second_per_grid_ts"] = vision["second_per_grid_ts"][index]
@@ -270,7 +308,6 @@ class QwenVLPolicy(PolicyBase):
         hidden = self.model.model(**kwargs, use_cache=False).last_hidden_state
         return self.score_hidden(hidden, prompt_len, comp_ids, comp_mask, chunk_size=chunk_size,
                                  temperature=temperature)
-
 
 
 # The processor's batched vision outputs: (pixel rows, grid, per-item extras) for images and for videos.

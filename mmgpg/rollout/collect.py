@@ -53,10 +53,19 @@ class Group:
     prompt_index: int = 0
     sampled_logprobs: list[list[float]] | None = None  # the engine's log-prob of each completion token, if it gives them
     policy_version: int = 0  # training steps the weights that sampled it had taken (mmgpg.rollout.producer)
+    episodes: list | None = None  # a task with tools: each completion's mmgpg.rollout.episode.Episode
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(c) for c in self.completion_ids)
+        """The tokens the policy generated for this group (an episode's observations not counted)."""
+        return sum(self.policy_tokens())
+
+    def policy_tokens(self) -> list[int]:
+        """Per completion: the tokens the policy generated (all of a single-turn completion; an episode's turns
+        without its observations)."""
+        if self.episodes is None:
+            return [len(c) for c in self.completion_ids]
+        return [sum(e.policy) for e in self.episodes]
 
     def truncated(self, eos_token_ids: Sequence[int]) -> list[bool]:
         """Per completion: cut at ``max_new_tokens`` (it does not end with any EOS id; an empty one counts too)."""
@@ -72,7 +81,7 @@ def score_group(task, example: Example, out: CompletionBatch, p: int, *, attempt
     components: dict[str, list[float]] = {}
     for g in range(G):
         row = p * G + g
-        n = int(out.completion_mask[row].sum())
+        n = int(out.present_mask[row].sum())
         ids.append(out.completion_ids[row, :n].tolist())
         if out.sampled_logprobs is not None:
             logprobs.append(out.sampled_logprobs[row, :n].tolist())
@@ -85,13 +94,17 @@ def score_group(task, example: Example, out: CompletionBatch, p: int, *, attempt
     zero = bool(algorithms.zero_variance_mask(torch.tensor([rewards], dtype=torch.float64), zero_variance_tol)[0])
     declared = None if any(s is None for s in success) else [bool(s) for s in success]
     return Group(example, ids, texts, rewards, components, attempt, zero, declared, prompts=out.prompts, prompt_index=p,
-                 sampled_logprobs=logprobs if out.sampled_logprobs is not None else None)
+                 sampled_logprobs=logprobs if out.sampled_logprobs is not None else None,
+                 episodes=None if out.episodes is None else out.episodes[p * G : (p + 1) * G])
 
 
 def sample_groups(engine: RolloutEngine, task, examples: Sequence[Example], group_size: int, sampling: Sampling, *,
                   attempt: int = 0, zero_variance_tol: float = 0.0) -> list[Group]:
-    """Encode → generate → score: ``group_size`` completions for each example, scored by the task."""
-    out = engine.generate([task.prompt(ex) for ex in examples], group_size, sampling)
+    """Encode → generate → score: ``group_size`` completions (or episodes, for a task with tools:
+    :func:`mmgpg.rollout.episode.rollout`) for each example, scored by the task."""
+    from mmgpg.rollout.episode import rollout
+
+    out = rollout(engine, task, examples, group_size, sampling)
     return [score_group(task, ex, out, p, attempt=attempt, zero_variance_tol=zero_variance_tol)
             for p, ex in enumerate(examples)]
 
@@ -102,7 +115,15 @@ def collate_groups(policy: Policy, task, groups: Sequence[Group], group_size: in
     if all(g.prompts is not None for g in groups):
         batch = policy.gather_prompts([(g.prompts, g.prompt_index) for g in groups])
     else:
-        batch = policy.encode_prompts([task.prompt(g.example) for g in groups])
+        from mmgpg.rollout.episode import episode_prompt
+
+        batch = policy.encode_prompts([episode_prompt(task, g.example) for g in groups])
+    if any(g.episodes is not None for g in groups):
+        from mmgpg.rollout.episode import episode_batch
+
+        if not all(g.episodes is not None for g in groups):
+            raise ValueError("a micro-batch mixes episodes and single-turn completions")
+        return episode_batch(policy, batch, group_size, [e for g in groups for e in g.episodes])
     ids, mask = pad_completions([ids for g in groups for ids in g.completion_ids], policy.pad_token_id)
     sampled = None
     if all(g.sampled_logprobs is not None for g in groups):

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from mmgpg.models import Policy
-from mmgpg.models.batch import CompletionBatch
+from mmgpg.models.batch import CompletionBatch, PromptBatch
 from mmgpg.rollout.engine import Sampling
 
 
@@ -27,6 +27,13 @@ class HFEngine:
         batch = self.policy.encode_prompts(conversations)
         with self.autocast():
             return self.policy.generate(batch, group_size, max_new_tokens=sampling.max_new_tokens,
+                                        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+
+    def generate_from(self, prompts: PromptBatch, sampling: Sampling) -> CompletionBatch:
+        """One completion per already-encoded prompt (the next turn of multi-turn episodes,
+        :mod:`mmgpg.rollout.episode`)."""
+        with self.autocast():
+            return self.policy.generate(prompts, 1, max_new_tokens=sampling.max_new_tokens,
                                         temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
 
     def sync_weights(self, weights) -> None:

@@ -98,6 +98,15 @@ class Task:
     """The values a predictions row's ``category`` may take (empty: the task has no categories)."""
     rewards: Mapping[str, RewardFn]
     """Named reward functions ``fn(completion, example) -> float`` (pure, total, finite); set per instance."""
+    tools: tuple[str, ...] = ()
+    """The tools an episode may call (names in :data:`mmgpg.tools.TOOLS`); empty: one turn, no tools. With tools,
+    every rollout is a multi-turn episode (:mod:`mmgpg.rollout.episode`) and the rewards see its whole text."""
+    describe_tools: bool = True
+    """Add the tools' block (Qwen's function-calling format, :func:`mmgpg.rollout.episode.with_tools`) to the system
+    message; False: the task's own prompt says how to call them."""
+    episode_limits: Any = None
+    """An :class:`mmgpg.rollout.episode.EpisodeLimits` (turns, observation images, tokens, tool time-out) for a task
+    with tools; None: the defaults."""
 
     def load(self, split: str) -> Sequence[Example]:
         """The examples of ``split`` (a :class:`LazyExamples` when images should load only when used)."""
@@ -317,8 +326,15 @@ def is_bool(value: Any) -> bool:
 
 
 def check_task_for_model(task: Task, family: Any) -> None:
-    """Raise the task's :meth:`Task.model_problems` for a model of ``family`` as one :class:`ConfigError`."""
-    if problems := task.model_problems(family):
+    """Raise the task's :meth:`Task.model_problems` for a model of ``family`` as one :class:`ConfigError`, and a task
+    with tools on a family whose policy cannot continue episodes (``Family.takes_tools``)."""
+    problems = list(task.model_problems(family))
+    if task.tools and not getattr(family, "takes_tools", False):
+        tools_families = "Qwen2-VL, Qwen2.5-VL, Qwen3-VL or Qwen3.5"
+        problems.append(Problem("model.name_or_path", getattr(family, "title", family),
+                                f"task {task.name!r} offers tools, and its episodes show images between turns, which "
+                                f"{getattr(family, 'title', family)} cannot take yet", f"use a {tools_families} model"))
+    if problems:
         raise ConfigError(problems)
 
 

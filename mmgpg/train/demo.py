@@ -47,6 +47,8 @@ class DemoSettings:
     and settings), skipping stage 1: RL variants of one warm start (e.g. bench/async_rollout.py)."""
     text: bool = False
     """The text demo: model=tiny_qwen2 on task=arith instead of model=tiny on task=shapes."""
+    tools: bool = False
+    """The tools demo: model=tiny on task=shapes_zoom (episodes with the zoom tool) instead of task=shapes."""
     model: str = ""
     """The tiny model's family (``model.name_or_path=tiny:<model>``: e.g. qwen3_vl, or qwen3 with ``text``); empty:
     Qwen2-VL (the text demo: Qwen2). The settings are the Qwen2 demos'; docs/demo.md has the runs of each."""
@@ -58,13 +60,23 @@ TEXT_SETUP = ("arith", "tiny_qwen2", 48, "test sums", "a random model scores 0; 
 
 TEXT_DEFAULTS: dict[str, object] = dict(sft_steps=300, gpg_steps=150, eval_every=50)
 """The text demo's settings where they differ from the VL demo's (chosen by the runs in docs/demo.md)."""
+TOOLS_SETUP = ("shapes_zoom", "tiny", 80, "test images", "chance is 0.25 without a zoom")
+TOOLS_TASK = ("task.describe_tools=false", "task.gold_zoom_share=0.5")
+"""The tools demo's task: half the gold episodes zoom (the rest guess at once), and no tools block in the prompt
+(SFT teaches the call; the block would be ~600 tokens of the tiny model's character-level vocabulary)."""
+TOOLS_DEFAULTS: dict[str, object] = dict(sft_steps=200, gpg_steps=60, eval_every=20)
+"""The tools demo's settings where they differ from the VL demo's (chosen by the runs in docs/demo.md)."""
 
 
-def demo_settings(text: bool = False, **given) -> DemoSettings:
+def demo_settings(text: bool = False, tools: bool = False, **given) -> DemoSettings:
     """The demo's settings: the defaults of the VL demo, or with ``text`` those of the text demo
-    (:data:`TEXT_DEFAULTS`), then every value in ``given`` that is not None."""
-    base = {**(TEXT_DEFAULTS if text else {}), **{k: v for k, v in given.items() if v is not None}}
-    return DemoSettings(text=text, **base)
+    (:data:`TEXT_DEFAULTS`), with ``tools`` those of the tools demo (:data:`TOOLS_DEFAULTS`), then every value in
+    ``given`` that is not None."""
+    if text and tools:
+        raise ValueError("--text and --tools are two different demos; choose one")
+    defaults = TEXT_DEFAULTS if text else TOOLS_DEFAULTS if tools else {}
+    base = {**defaults, **{k: v for k, v in given.items() if v is not None}}
+    return DemoSettings(text=text, tools=tools, **base)
 
 
 def check_demo_model(model: str, text: bool) -> None:
@@ -96,8 +108,8 @@ def run_demo(s: DemoSettings, console=None) -> dict:
         torch.set_num_threads(s.threads)
     say = console.print if console is not None else print
     out = run_dir_path(s.output or "", "demo")
-    task, model, max_new_tokens, items, chance = TEXT_SETUP if s.text else VL_SETUP
-    common = [f"task={task}", f"model={model}", f"seed={s.seed}", f"rollout.max_new_tokens={max_new_tokens}", "device=cpu",
+    task, model, max_new_tokens, items, chance = TEXT_SETUP if s.text else TOOLS_SETUP if s.tools else VL_SETUP
+    common = [f"task={task}", *(TOOLS_TASK if s.tools else ()), f"model={model}", f"seed={s.seed}", f"rollout.max_new_tokens={max_new_tokens}", "device=cpu",
               f"train.eval_limit={s.eval_limit}", f"task.num_test={max(s.eval_limit, 1)}",
               *([f"model.name_or_path=tiny:{s.model}"] if s.model else []), *s.overrides]
     t0 = time.perf_counter()
@@ -137,6 +149,8 @@ def run_demo(s: DemoSettings, console=None) -> dict:
         "settings": asdict(s), "output": str(out),
         "accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
         "format_before": _format(before), "format_after": _format(after),
+        **({"useful_zoom_before": before.get("eval/useful_zoom"), "useful_zoom_after": after.get("eval/useful_zoom")}
+           if s.tools else {}),
         "sampled_accuracy_before": before.get("eval/sampled_accuracy"),
         "sampled_accuracy_after": after.get("eval/sampled_accuracy"),
         "eval_samples": before.get("eval/num_samples"), "eval_curve": [(r["step"], r["eval/accuracy"]) for r in evals],
@@ -145,13 +159,15 @@ def run_demo(s: DemoSettings, console=None) -> dict:
     write_text_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     say("[bold]3/3 result[/bold] (greedy, test split, "
         f"{int(before.get('eval/num_samples', 0))} {items.split()[-1]}; {chance})")
+    second, read = ("useful zoom", lambda r: r.get("eval/useful_zoom")) if s.tools else ("format", _format)
+
     def row(name: str, r: dict) -> str:
-        cells = [r["eval/accuracy"], _format(r) if _format(r) is not None else float("nan")]
+        cells = [r["eval/accuracy"], read(r) if read(r) is not None else float("nan")]
         if sampled:
             cells.append(r["eval/sampled_accuracy"])
         return f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells) + " |"
 
-    header = "| stage | greedy accuracy | greedy format |" + (f" sampled accuracy (mean of {s.eval_samples}, T=1) |"
+    header = f"| stage | greedy accuracy | greedy {second} |" + (f" sampled accuracy (mean of {s.eval_samples}, T=1) |"
                                                              if sampled else "")
     say("\n".join([header, "|---|---:|---:|" + ("---:|" if sampled else ""),
                    row(f"after SFT (before {s.algo})", before), row(f"after {s.algo} ({s.gpg_steps} steps)", after)]))

@@ -67,7 +67,7 @@ class Objective:
         """``[P, G]`` float64: the task's rewards, plus DAPO's overlong penalty of each completion's length."""
         rewards = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
         if self.overlong_cache:
-            lengths = torch.tensor([[len(c) for c in g.completion_ids] for g in groups], dtype=torch.float64)
+            lengths = torch.tensor([g.policy_tokens() for g in groups], dtype=torch.float64)
             rewards = rewards + algorithms.overlong_penalty(lengths, self.max_new_tokens, self.overlong_cache)
         return rewards
 
@@ -75,8 +75,8 @@ class Objective:
         """Tokens of each completion that enter the loss: all of them, or none of a truncated one under
         ``algo.overlong_filter``."""
         if not self.algo.overlong_filter:
-            return [len(c) for c in group.completion_ids]
-        return [0 if cut else len(c) for c, cut in zip(group.completion_ids, group.truncated(self.eos))]
+            return group.policy_tokens()
+        return [0 if cut else n for n, cut in zip(group.policy_tokens(), group.truncated(self.eos))]
 
     def loss_mask(self, batch: CompletionBatch) -> torch.Tensor:
         """The completion mask of a micro-batch with the rows of truncated completions cleared under
@@ -84,7 +84,7 @@ class Objective:
         mask = batch.completion_mask
         if not self.algo.overlong_filter:
             return mask
-        lengths = mask.sum(dim=1)
+        lengths = batch.present_mask.sum(dim=1)  # an episode's last token is its last turn's
         last = batch.completion_ids.gather(1, (lengths - 1).clamp(min=0)[:, None])[:, 0]
         truncated = (lengths == 0) | ~torch.isin(last, torch.tensor(self.eos, dtype=last.dtype))
         return algorithms.overlong_filter_mask(mask, truncated)

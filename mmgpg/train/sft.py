@@ -38,6 +38,12 @@ def gold_rollout(policy: Policy, task: Task, examples: list[Example]) -> Complet
     if not task.overrides("gold_completion"):
         raise TypeError(f"task {task.name!r} has no gold_completion(example) -> str, so it cannot be used for SFT")
     gold = task.gold_completion
+    if task.tools:  # gold episodes: the policy's turns, the task's tools run between them
+        from mmgpg.rollout.episode import episode_prompt, scripted_episodes
+
+        turns = [gold(ex) for ex in examples]
+        return scripted_episodes(policy, task, [episode_prompt(task, ex) for ex in examples],
+                                 [[t] if isinstance(t, str) else list(t) for t in turns])
     batch = policy.encode_prompts([task.prompt(ex) for ex in examples])
     tok = policy.tokenizer
     end = policy.eos_token_ids[0]

@@ -45,6 +45,7 @@ from mmgpg.rollout.collect import (
     padding_counts,
     plan_micro_batches,
 )
+from mmgpg.rollout.episode import episode_means, group_episode_sums
 from mmgpg.rollout.pipeline import AsyncRollout, staleness_metrics
 from mmgpg.rollout.producer import ProducerSettings, RolloutProducer
 from mmgpg.rollout.stream import PromptStream
@@ -182,9 +183,8 @@ class Trainer:
     # ---- phase 1: rollout -----------------------------------------------------------------------------------------
 
     def rollout(self) -> Collected:
-        """The step's update from the rollout producer (:meth:`mmgpg.rollout.producer.RolloutProducer.next_batch`:
-        sampled until the valid fraction reaches β_th or the attempt cap), by the current weights (version = steps
-        taken); with ``rollout.max_staleness`` > 0, the batch the pipeline sampled ahead (:mod:`mmgpg.rollout.pipeline`)."""
+        """The step's update from :meth:`mmgpg.rollout.producer.RolloutProducer.next_batch` (sampled until the valid
+        fraction reaches β_th or the attempt cap) by the current weights; with ``rollout.max_staleness`` > 0, the pipeline's."""
         if self.pipeline is not None:
             collected, self._overlap = self.pipeline.take(self.state.step)
         else:
@@ -411,11 +411,11 @@ class Trainer:
             "completions": len(generated) * G, "reward": sum(sum(g.rewards) for g in generated),
             "tokens": sum(g.num_tokens for g in generated),
             "truncated": sum(sum(g.truncated(eos)) for g in generated),
-            **{f"reward/{name}": sum(sum(g.components[name]) for g in generated) for name in names}},
-            self.backend.comm_device)
+            **{f"reward/{name}": sum(sum(g.components[name]) for g in generated) for name in names},
+            **group_episode_sums(generated, self.task.tools)}, self.backend.comm_device)
         n = max(summed["completions"], 1.0)
         metrics: dict[str, Any] = {"step": self.state.step, "reward/total": summed["reward"] / n}
-        metrics.update({f"reward/{name}": summed[f"reward/{name}"] / n for name in names})
+        metrics.update({f"reward/{name}": summed[f"reward/{name}"] / n for name in names}, **episode_means(summed))
         metrics.update({
             "gpg/alpha": counts.alpha, "gpg/valid_fraction": counts.valid_fraction,
             "gpg/skipped_steps": self.state.skipped_steps, "gpg/num_samples": counts.num_samples,
