@@ -2,6 +2,7 @@
 share of time in the tools, for episodes of 1, 2 and 4 turns, in one table.
 
     python bench/tools.py --out bench/results/tools.md
+    .venv-vllm/bin/python bench/tools.py --engine vllm           # the vLLM engine (vLLM environment)
 
 A random tiny model calls no tool, so each row first teaches one the episode it measures: ``mmgpg sft`` on
 ``shapes_zoom``'s gold episodes (``--sft-steps``, lr 1e-3, 32 per step; ``task.describe_tools=false``) that answer at
@@ -12,7 +13,8 @@ episode as sampled, episodes/s and policy tokens/s over the measured calls, and 
 spent in the zoom function and in encoding observations (the processor; both timed around the real calls). Each row
 runs in a process of its own. The machine load is printed beside the table; read the ratios between rows.
 
-Not measured: the vLLM engine, which does not continue episodes yet.
+``--engine vllm`` (in the vLLM environment) rolls out with the colocated vLLM engine instead (fp32; later turns
+continue from token ids).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ ROWS = {1: ["task.gold_zoom_share=0"], 2: [], 4: ["task.gold_zooms=3", "task.max
 TASK = ["task=shapes_zoom", "task.describe_tools=false", "model=tiny", "model.dtype=float32", "device=cpu"]
 
 
-def measure(turns: int, sft_steps: int, episodes: int, workdir: Path) -> dict:
+def measure(turns: int, sft_steps: int, episodes: int, workdir: Path, engine_name: str = "hf") -> dict:
     import torch
 
     from mmgpg.config import resolve
@@ -75,7 +77,13 @@ def measure(turns: int, sft_steps: int, episodes: int, workdir: Path) -> dict:
 
     TOOLS.register("zoom", replace(zoom, fn=timed_zoom), replace=True)
     policy.encode_observation = timed_encode
-    engine = HFEngine(policy)
+    if engine_name == "vllm":
+        from mmgpg.rollout.engine import EngineSettings, build_engine
+
+        engine = build_engine("vllm", policy, EngineSettings.from_config(resolve(
+            ["model=tiny", "rollout.vllm_max_model_len=1024"]).config))
+    else:
+        engine = HFEngine(policy)
     examples = task.load("test")
     calls = max(1, episodes // 32)
     stats = {"episodes": 0, "turns": 0, "tokens": 0, "seconds": 0.0}
@@ -108,6 +116,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     ap.add_argument("--sft-steps", type=int, default=150)
     ap.add_argument("--episodes", type=int, default=64, help="measured episodes per row (calls of 32)")
     ap.add_argument("--out", help="also write the results (markdown) here")
@@ -115,14 +124,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.one:
         with tempfile.TemporaryDirectory() as tmp:
-            print(json.dumps(measure(args.one, args.sft_steps, args.episodes, Path(tmp))))
+            print(json.dumps(measure(args.one, args.sft_steps, args.episodes, Path(tmp), args.engine)))
         return
     load = os.getloadavg()
     rows = []
     for turns in ROWS:
         print(f"{turns}-turn episodes ...", flush=True)
         cmd = [sys.executable, __file__, "--one", str(turns), "--sft-steps", str(args.sft_steps),
-               "--episodes", str(args.episodes)]
+               "--episodes", str(args.episodes), "--engine", args.engine]
         done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if done.returncode:
             raise SystemExit(f"{turns}-turn row failed:\n{done.stderr[-3000:]}")
@@ -130,7 +139,7 @@ def main() -> None:
     sft_seconds = ", ".join(f"{r['sft_s']:.0f}" for r in rows)
     text = "\n".join([table(rows), "",
                       f"machine: {os.cpu_count()} CPUs, load average before {load[0]:.2f}, after "
-                      f"{os.getloadavg()[0]:.2f}; HF engine, {rows[0]['episodes']} measured episodes per row after "
+                      f"{os.getloadavg()[0]:.2f}; {args.engine} engine, {rows[0]['episodes']} measured episodes per row after "
                       f"{args.sft_steps} SFT steps (SFT {sft_seconds} s)", ""])
     print(text)
     if args.out:

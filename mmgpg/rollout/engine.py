@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from mmgpg.models import Policy
-    from mmgpg.models.batch import CompletionBatch
+    from mmgpg.models.batch import CompletionBatch, PromptBatch
 
 # The engine names: config validation, `mmgpg eval --engine` and `build_engine` all read this registry.
 ENGINES = Registry("rollout engine", "mmgpg.engines",
@@ -108,6 +108,11 @@ class RolloutEngine(Protocol):
     def generate(self, conversations: Sequence[list[dict]], group_size: int, sampling: Sampling) -> CompletionBatch:
         """``group_size`` completions per conversation, prompt-major. ``prompts`` of the result is the policy's
         encoding of the conversations when the engine made it (the update reuses it)."""
+        ...
+
+    def generate_from(self, prompts: PromptBatch, sampling: Sampling) -> CompletionBatch:
+        """One completion per prompt of an already-encoded batch (tokens, media): the next turn of multi-turn
+        episodes (:mod:`mmgpg.rollout.episode`). Optional: an engine without it cannot roll out tasks with tools."""
         ...
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

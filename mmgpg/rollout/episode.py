@@ -16,7 +16,9 @@ run under a time limit; every failure is an error observation) and appends the o
 ``<tool_response>`` text and images, rendered by the family's own chat template
 (:meth:`~mmgpg.models.qwen_vl.QwenVLPolicy.encode_observation`) and appended as *tokens*, so the next turn is
 generated from exactly the token sequence the trainer scores (no decode / re-encode of the policy's text). The
-active episodes' next turns are generated together from those sequences (``engine.generate_from``). An episode ends
+active episodes' next turns are generated together from those sequences (``engine.generate_from``: the HF engine's
+``generate`` on the padded contexts; vLLM takes the token ids, each image's placeholder run collapsed to the one
+placeholder its processor expands again, and checks its expansion against ours). An episode ends
 at a turn without a tool call (its answer), or at a limit (:class:`EpisodeLimits`: policy turns, observation images,
 tokens after the prompt), recorded in :attr:`Episode.limit`.
 
@@ -44,6 +46,7 @@ from mmgpg.rollout.engine import Sampling
 from mmgpg.tools import ERROR_KINDS, EpisodeState, call_tool, parse_tool_call, tool_schemas
 
 LIMITS = ("turns", "images", "tokens")
+TURN_STREAM = -31  # in a later turn's seed key (negative: never a training step or mmgpg eval's stream)
 
 
 @dataclass(frozen=True)
@@ -231,7 +234,7 @@ def generate_episodes(engine, task, conversations: Sequence[list[dict]], group_s
     originals = [_original_images(c, [m for m in media if not isinstance(m, tuple)])
                  for c, media in zip(conversations, prompts.media)]
     episodes = [Episode(EpisodeState(list(originals[r // group_size]))) for r in range(first.num_sequences)]
-    out, active = first, list(range(len(episodes)))
+    out, active, turn = first, list(range(len(episodes))), 1
     while True:
         for i, r in enumerate(active):
             n = int(out.completion_mask[i].sum())
@@ -245,7 +248,9 @@ def generate_episodes(engine, task, conversations: Sequence[list[dict]], group_s
         context = extend_prompts(prompts, [(r // group_size, episodes[r].ids, episodes[r].mm, episodes[r].vision,
                                             episodes[r].media) for r in active], policy.pad_token_id)
         budget = min(sampling.max_new_tokens, max(limits.max_tokens - len(episodes[r].ids) for r in active))
-        out = generate_from(context, dataclasses.replace(sampling, max_new_tokens=budget))
+        turn += 1  # an engine with per-request seeds draws each turn from seeds of its own (the turn in the key)
+        key = None if sampling.seed_key is None else (*sampling.seed_key, TURN_STREAM, turn, sampling.first_prompt)
+        out = generate_from(context, dataclasses.replace(sampling, max_new_tokens=budget, seed_key=key, first_prompt=0))
     return episode_batch(policy, prompts, group_size, episodes)
 
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mmgpg.models import Policy
-from mmgpg.models.batch import CompletionBatch
+from mmgpg.models.batch import CompletionBatch, PromptBatch
 from mmgpg.models.logprobs import completion_mask, pad_completions
 from mmgpg.rollout.check import check_limits
 from mmgpg.rollout.engine import Sampling, request_seed
@@ -49,6 +49,15 @@ from mmgpg.utils import no_transformers_bars, quiet_deepspeed_import
 
 if TYPE_CHECKING:
     from mmgpg.rollout.engine import EngineSettings
+
+
+def collapse_runs(ids: list[int], token: int | None) -> list[int]:
+    """``ids`` with every run of ``token`` (an image's placeholder tokens, as the processor expanded them) cut to one.
+
+    >>> collapse_runs([1, 9, 9, 9, 2, 9, 3], 9)
+    [1, 9, 2, 9, 3]
+    """
+    return [t for i, t in enumerate(ids) if token is None or t != token or i == 0 or ids[i - 1] != token]
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -161,35 +170,47 @@ class VLLMEngine:
     # ---- generation -----------------------------------------------------------------------------------------------
 
     def generate(self, conversations: Sequence[list[dict]], group_size: int, sampling: Sampling) -> CompletionBatch:
+        batch = self.policy.encode_prompts(conversations)  # the prompt-length guard; the update reuses this encoding
+        return self._generate(batch, group_size, sampling, tokens=False)
+
+    def generate_from(self, prompts: PromptBatch, sampling: Sampling) -> CompletionBatch:
+        """One completion per already-encoded prompt (the next turn of multi-turn episodes,
+        :mod:`mmgpg.rollout.episode`): sent as token ids, each image's run of placeholder tokens collapsed to the one
+        placeholder vLLM's processor expands again (vLLM checks the expansion: its prompt ids must equal ours)."""
+        return self._generate(prompts, 1, sampling, tokens=True)
+
+    def _generate(self, batch: PromptBatch, group_size: int, sampling: Sampling, *, tokens: bool) -> CompletionBatch:
         if not self.synced:
             raise RuntimeError("the vLLM engine has not received the policy's weights yet (colocated, vLLM starts "
                                "with them): build it with mmgpg.rollout.build_engine, which syncs them, or call "
                                "sync_weights first")
         policy = self.policy
-        batch = policy.encode_prompts(conversations)  # the prompt-length guard; the update reuses this encoding
         lengths = batch.attention_mask.sum(-1).tolist()
         too_long = [(i, n) for i, n in enumerate(lengths) if n + sampling.max_new_tokens > self.max_model_len]
         if too_long:
             raise ValueError(
                 f"prompt {too_long[0][0]} has {too_long[0][1]} tokens; with max_new_tokens={sampling.max_new_tokens} "
                 f"it exceeds vLLM's max_model_len={self.max_model_len} (vLLM would cut the completion silently). "
-                "Raise rollout.vllm_max_model_len (0 = model.max_prompt_length + rollout.max_new_tokens).")
+                "Raise rollout.vllm_max_model_len (0 = model.max_prompt_length + rollout.max_new_tokens; an episode "
+                "of a task with tools needs room for all its turns and observations).")
         key = sampling.seed_key
         if key is None and sampling.temperature > 0:
             key = (int(torch.randint(0, 2**62, ())),)  # like HF sampling: drawn from torch's RNG
+        ours = [batch.input_ids[p][batch.attention_mask[p].bool()].tolist() for p in range(batch.num_prompts)]
+        image_token = getattr(policy, "image_token_id", None)
         requests = [Request(text, [m for m in media if not isinstance(m, tuple)], group_size,
                             None if key is None else request_seed(*key, sampling.first_prompt + p),
-                            [vllm_video(*m) for m in media if isinstance(m, tuple)])
+                            [vllm_video(*m) for m in media if isinstance(m, tuple)],
+                            collapse_runs(ours[p], image_token) if tokens else None)
                     for p, (text, media) in enumerate(zip(batch.texts, batch.media))]
         knobs = {"max_new_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
                  "top_p": sampling.top_p, "top_k": sampling.top_k}
         results = self.core.generate(requests, knobs, stop_token_ids=list(policy.eos_token_ids),
                                      allowed_token_ids=self.allowed)
         for p, res in enumerate(results):
-            ours = batch.input_ids[p][batch.attention_mask[p].bool()].tolist()
-            if res.prompt_token_ids != ours:
+            if res.prompt_token_ids != ours[p]:
                 raise RuntimeError(
-                    f"vLLM tokenised prompt {p} differently from mmgpg ({len(res.prompt_token_ids)} vs {len(ours)} "
+                    f"vLLM tokenised prompt {p} differently from mmgpg ({len(res.prompt_token_ids)} vs {len(ours[p])} "
                     "tokens): its processor or chat template differs from the policy's. Start vLLM from the same "
                     "model directory as the policy.")
         seqs = [ids for res in results for ids in res.token_ids]

@@ -217,8 +217,8 @@ class WeightUpdate:
 
 @dataclass
 class Request:
-    """One prompt: its rendered text (chat template applied by mmgpg), its images (PIL, already resized the way the
-    policy resizes them), ``n`` completions, the per-request seed (``None``: vLLM's own stream) and its videos:
+    """One prompt: its rendered text (chat template applied by mmgpg) or its ``token_ids``, its images (PIL, already
+    resized the way the policy resizes them), ``n`` completions, the per-request seed (``None``: vLLM's own stream) and its videos:
     ``(frames, metadata)`` pairs, the frames a uint8 array ``[T, H, W, 3]`` already sampled and resized by the policy
     (:func:`mmgpg.models.qwen_vl.load_video`), the metadata the frames' rate and indices."""
 
@@ -227,6 +227,8 @@ class Request:
     n: int
     seed: int | None
     videos: list = field(default_factory=list)
+    token_ids: list[int] | None = None  # instead of text: the prompt's tokens, each image one placeholder token that
+    # vLLM expands (the next turn of a multi-turn episode: mmgpg.rollout.episode)
 
 
 @dataclass
@@ -283,7 +285,8 @@ class VLLMCore:
                 mm["video"] = r.videos if len(r.videos) != 1 else r.videos[0]
             # videos come sampled and resized (as the policy's processor saw them): vLLM's processor must not do either
             # again (a checkpoint's video processor has larger pixel bounds of its own)
-            prompts.append({"prompt": r.text, **({"multi_modal_data": mm} if mm else {}),
+            prompt = {"prompt": r.text} if r.token_ids is None else {"prompt_token_ids": list(r.token_ids)}
+            prompts.append({**prompt, **({"multi_modal_data": mm} if mm else {}),
                             **({"mm_processor_kwargs": {"do_sample_frames": False, "do_resize": False}}
                                if r.videos else {})})
             params.append(self.SamplingParams(

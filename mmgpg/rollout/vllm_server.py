@@ -169,7 +169,8 @@ class ServerClient:
 
     def generate(self, requests: list[Request], sampling: dict[str, Any], *, stop_token_ids: list[int],
                  allowed_token_ids: list[int] | None) -> list[Result]:
-        body = {"requests": [{"text": r.text, "images": [_png(im) for im in r.images], "n": r.n, "seed": r.seed,
+        body = {"requests": [{"text": r.text, "token_ids": r.token_ids, "images": [_png(im) for im in r.images],
+                              "n": r.n, "seed": r.seed,
                               "videos": [{"frames": [_png(_frame_image(f)) for f in frames], "metadata": meta}
                                          for frames, meta in r.videos]}
                              for r in requests],
@@ -317,7 +318,8 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
                         return self._reply(409, {"error": "a weight sync is in progress (/update without its "
                                                           "/update_done): half the model holds new weights"})
                     reqs = [Request(r["text"], [_unpng(x) for x in r["images"]], int(r["n"]), r["seed"],
-                                    [(_unpng_frames(v["frames"]), v["metadata"]) for v in r.get("videos", [])])
+                                    [(_unpng_frames(v["frames"]), v["metadata"]) for v in r.get("videos", [])],
+                                    r.get("token_ids"))
                             for r in body["requests"]]
                     with lock:
                         results = core.generate(reqs, body["sampling"], stop_token_ids=body["stop_token_ids"],

@@ -64,7 +64,8 @@ TOOLS_SETUP = ("shapes_zoom", "tiny", 80, "test images", "chance is 0.25 without
 TOOLS_TASK = ("task.describe_tools=false", "task.gold_zoom_share=0.5")
 """The tools demo's task: half the gold episodes zoom (the rest guess at once), and no tools block in the prompt
 (SFT teaches the call; the block would be ~600 tokens of the tiny model's character-level vocabulary)."""
-TOOLS_DEFAULTS: dict[str, object] = dict(sft_steps=200, gpg_steps=60, eval_every=20)
+TOOLS_DEFAULTS: dict[str, object] = dict(sft_steps=400, sft_lr=2e-3, gpg_steps=60, eval_every=20, eval_limit=100,
+                                         eval_samples=4)
 """The tools demo's settings where they differ from the VL demo's (chosen by the runs in docs/demo.md)."""
 
 
@@ -149,8 +150,8 @@ def run_demo(s: DemoSettings, console=None) -> dict:
         "settings": asdict(s), "output": str(out),
         "accuracy_before": before["eval/accuracy"], "accuracy_after": after["eval/accuracy"],
         "format_before": _format(before), "format_after": _format(after),
-        **({"useful_zoom_before": before.get("eval/useful_zoom"), "useful_zoom_after": after.get("eval/useful_zoom")}
-           if s.tools else {}),
+        **({f"{kind}useful_zoom_{when}": r.get(f"eval/{kind}useful_zoom") for kind in ("", "sampled_")
+            for when, r in (("before", before), ("after", after))} if s.tools else {}),
         "sampled_accuracy_before": before.get("eval/sampled_accuracy"),
         "sampled_accuracy_after": after.get("eval/sampled_accuracy"),
         "eval_samples": before.get("eval/num_samples"), "eval_curve": [(r["step"], r["eval/accuracy"]) for r in evals],
@@ -161,15 +162,19 @@ def run_demo(s: DemoSettings, console=None) -> dict:
         f"{int(before.get('eval/num_samples', 0))} {items.split()[-1]}; {chance})")
     second, read = ("useful zoom", lambda r: r.get("eval/useful_zoom")) if s.tools else ("format", _format)
 
+    extra = [f"sampled accuracy (mean of {s.eval_samples}, T=1)"] if sampled else []
+    extra += ["sampled useful zoom"] if sampled and s.tools else []
+
     def row(name: str, r: dict) -> str:
         cells = [r["eval/accuracy"], read(r) if read(r) is not None else float("nan")]
         if sampled:
             cells.append(r["eval/sampled_accuracy"])
+        if sampled and s.tools:
+            cells.append(r.get("eval/sampled_useful_zoom", float("nan")))
         return f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells) + " |"
 
-    header = f"| stage | greedy accuracy | greedy {second} |" + (f" sampled accuracy (mean of {s.eval_samples}, T=1) |"
-                                                             if sampled else "")
-    say("\n".join([header, "|---|---:|---:|" + ("---:|" if sampled else ""),
+    header = f"| stage | greedy accuracy | greedy {second} |" + "".join(f" {e} |" for e in extra)
+    say("\n".join([header, "|---|---:|---:|" + "---:|" * len(extra),
                    row(f"after SFT (before {s.algo})", before), row(f"after {s.algo} ({s.gpg_steps} steps)", after)]))
     say(f"time: SFT {t_sft:.0f} s, {s.algo} {t_gpg:.0f} s. Plots: {out / 'plots'}; summary: {out / 'summary.json'}")
     return summary

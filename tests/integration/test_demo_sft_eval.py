@@ -116,3 +116,17 @@ def test_demo_quick_on_another_family_and_bad_families(tmp_path):
                        (["--text", "--model", "qwen3_vl"], "needs a text-only model family")):
         proc = mmgpg("demo", "--quick", *args, "--output", str(tmp_path / "no"), check=False)
         assert proc.returncode != 0 and want in proc.stderr and not (tmp_path / "no").exists()
+
+
+def test_demo_tools_quick_runs_episodes_and_reports_zooms(tmp_path):
+    """``--tools``: SFT on shapes_zoom's gold episodes, GPG on episodes with the zoom tool, the table's second column
+    the useful-zoom rate; --text and --tools together are refused."""
+    out = tmp_path / "demo"
+    text = mmgpg("demo", "--tools", "--quick", "--output", str(out)).stdout
+    assert "greedy useful zoom" in text and "| after gpg (2 steps) |" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["useful_zoom_after"] is not None and summary["settings"]["tools"] is True
+    rows = [json.loads(line) for line in (out / "gpg" / "metrics.jsonl").read_text().splitlines()]
+    assert all("tools/calls_per_episode" in r for r in rows if "reward/total" in r)
+    proc = mmgpg("demo", "--quick", "--text", "--tools", "--output", str(tmp_path / "no"), check=False)
+    assert proc.returncode != 0 and "choose one" in proc.stderr
