@@ -2,6 +2,7 @@
 
     python bench/demo_table.py RUN_DIR [RUN_DIR ...]        # each holds the summary.json that `mmgpg demo` writes
     python bench/demo_table.py docs/demo_runs/text-seed*-summary.json   # or the summary files themselves
+    python bench/demo_table.py --metric useful_zoom docs/demo_runs/tools-seed*-summary.json   # the tools demo's zooms
 
 The std is the sample standard deviation over runs (n − 1), the seed-to-seed spread.
 """
@@ -27,9 +28,10 @@ def mean_std(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f} ± {std:.3f}"
 
 
-def table(summaries: list[dict]) -> str:
-    cols = [("greedy before", "accuracy_before"), ("greedy after", "accuracy_after"),
-            ("sampled before", "sampled_accuracy_before"), ("sampled after", "sampled_accuracy_after")]
+def table(summaries: list[dict], metric: str = "accuracy") -> str:
+    """The runs' ``metric`` (``accuracy``; the tools demo also reports ``useful_zoom``) before and after RL."""
+    cols = [("greedy before", f"{metric}_before"), ("greedy after", f"{metric}_after"),
+            ("sampled before", f"sampled_{metric}_before"), ("sampled after", f"sampled_{metric}_after")]
     head = "| seed | " + " | ".join(c for c, _ in cols[:2]) + " | Δ greedy | " + " | ".join(c for c, _ in cols[2:]) + " | Δ sampled |"
     lines = [head, "|" + "---:|" * 7]
     columns: dict[str, list[float]] = {}
@@ -49,7 +51,9 @@ def table(summaries: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+")
-    print(table([load(r) for r in parser.parse_args().runs]))
+    parser.add_argument("--metric", default="accuracy", help="accuracy (default), or useful_zoom (mmgpg demo --tools)")
+    args = parser.parse_args()
+    print(table([load(r) for r in args.runs], args.metric))
 
 
 if __name__ == "__main__":

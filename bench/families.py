@@ -73,6 +73,13 @@ def run_family(family: str, engine: str, steps: int, workdir: Path, overrides: t
             "rss": rss, "wall_s": wall}
 
 
+def emit(text: str, out: str | None) -> None:
+    """Print a bench's results and, with ``--out``, write them (markdown) there too."""
+    print(text)
+    if out:
+        Path(out).write_text(text, encoding="utf-8")
+
+
 def child_result(cmd: list[str], what: str) -> dict:
     """Run ``cmd`` (this or another bench script measuring one configuration in a process of its own, so that its
     RSS is its own) and return the JSON of its last output line; exit with its error output if it failed."""
@@ -127,9 +134,7 @@ def main() -> None:
         results.append(child_result(cmd, family))
     text = (f"{table(results)}\n\nmachine: {os.cpu_count()} CPUs, load average before {load[0]:.2f}, after "
             f"{os.getloadavg()[0]:.2f}; {args.steps - 1} measured steps per family (medians; tokens/s over all)\n")
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+    emit(text, args.out)
 
 
 if __name__ == "__main__":

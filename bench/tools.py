@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -122,6 +121,9 @@ def main() -> None:
     ap.add_argument("--out", help="also write the results (markdown) here")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one row in this process
     args = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    from families import child_result, emit
+
     if args.one:
         with tempfile.TemporaryDirectory() as tmp:
             print(json.dumps(measure(args.one, args.sft_steps, args.episodes, Path(tmp), args.engine)))
@@ -132,18 +134,13 @@ def main() -> None:
         print(f"{turns}-turn episodes ...", flush=True)
         cmd = [sys.executable, __file__, "--one", str(turns), "--sft-steps", str(args.sft_steps),
                "--episodes", str(args.episodes), "--engine", args.engine]
-        done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-        if done.returncode:
-            raise SystemExit(f"{turns}-turn row failed:\n{done.stderr[-3000:]}")
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        rows.append(child_result(cmd, f"{turns}-turn episodes"))
     sft_seconds = ", ".join(f"{r['sft_s']:.0f}" for r in rows)
     text = "\n".join([table(rows), "",
                       f"machine: {os.cpu_count()} CPUs, load average before {load[0]:.2f}, after "
                       f"{os.getloadavg()[0]:.2f}; {args.engine} engine, {rows[0]['episodes']} measured episodes per row after "
                       f"{args.sft_steps} SFT steps (SFT {sft_seconds} s)", ""])
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+    emit(text, args.out)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--out", help="also write the results (markdown) here")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one frame count in this process
     args = ap.parse_args()
-    from families import child_result, run_family, table
+    from families import child_result, emit, run_family, table
 
     if args.one:
         with tempfile.TemporaryDirectory() as tmp:
@@ -84,9 +84,7 @@ def main() -> None:
     lines.append(f"\nmachine: {os.cpu_count()} CPUs, load average before {load[0]:.2f}, after {os.getloadavg()[0]:.2f}; "
                  f"{args.steps - 1} measured steps per row (medians; tokens/s over all)\n")
     text = "\n".join(lines)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text, encoding="utf-8")
+    emit(text, args.out)
 
 
 if __name__ == "__main__":

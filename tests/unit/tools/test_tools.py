@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from mmgpg.tools import TOOLS, EpisodeState, Observation, Tool, ToolError, call_tool, parse_tool_call, tool_schemas
+from mmgpg.tools import EpisodeState, call_tool, parse_tool_call, tool_schemas
 
 OFFERED = ("zoom", "rotate")
 
@@ -82,24 +82,9 @@ def test_a_tool_not_offered_by_the_task_is_unknown_to_the_model():
 
 @pytest.fixture
 def plugin_tools():
-    def raises(arguments, state):
-        raise RuntimeError("disk on fire")
+    from support.bad_tools import register_bad_tools
 
-    def slow(arguments, state):
-        time.sleep(3)
-        return Observation("late")
-
-    def wrong(arguments, state):
-        return "a string"
-
-    def refuses(arguments, state):
-        raise ToolError("no such region")
-
-    schema = {"type": "object"}
-    names = {"t_raises": raises, "t_slow": slow, "t_wrong": wrong, "t_refuses": refuses}
-    for name, fn in names.items():
-        TOOLS.register(name, Tool(name, "test", schema, fn), replace=True)
-    yield tuple(names)
+    return register_bad_tools()
 
 
 @pytest.mark.parametrize("name, kind, words", [("t_raises", "tool_error", "RuntimeError: disk on fire"),
