@@ -57,25 +57,20 @@ def measure(turns: int, sft_steps: int, episodes: int, workdir: Path, engine_nam
     task = build_task("shapes_zoom", options)
     policy = load_policy(str(final), dtype="float32", device="cpu", min_pixels=3136, max_pixels=12544)
     timed = {"tool": 0.0, "observation": 0.0}
+
+    def timing(fn, key: str):
+        """``fn`` that adds its wall time to ``timed[key]``."""
+        def run(*args):
+            t = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                timed[key] += time.perf_counter() - t
+        return run
+
     zoom = TOOLS["zoom"]
-    encode = policy.encode_observation
-
-    def timed_zoom(arguments, state):
-        t = time.perf_counter()
-        try:
-            return zoom.fn(arguments, state)
-        finally:
-            timed["tool"] += time.perf_counter() - t
-
-    def timed_encode(content):
-        t = time.perf_counter()
-        try:
-            return encode(content)
-        finally:
-            timed["observation"] += time.perf_counter() - t
-
-    TOOLS.register("zoom", replace(zoom, fn=timed_zoom), replace=True)
-    policy.encode_observation = timed_encode
+    TOOLS.register("zoom", replace(zoom, fn=timing(zoom.fn, "tool")), replace=True)
+    policy.encode_observation = timing(policy.encode_observation, "observation")
     if engine_name == "vllm":
         from mmgpg.rollout.engine import EngineSettings, build_engine
 

@@ -96,15 +96,11 @@ def gather_prompts(rows: Sequence[tuple[PromptBatch, int]], pad_token_id: int) -
         keep = batch.attention_mask[p].bool()
         ids.append(batch.input_ids[p][keep])
         mm.append(batch.mm_token_type_ids[p][keep])
-    width = max(len(x) for x in ids)
-
-    def left_pad(rows_, value):
-        return torch.stack([torch.cat([r.new_full((width - len(r),), value), r]) for r in rows_])
-
+    input_ids, attention_mask, mm_token_type_ids = _left_padded(ids, mm, pad_token_id)
     return PromptBatch(
-        input_ids=left_pad(ids, pad_token_id),
-        attention_mask=left_pad([torch.ones_like(r) for r in ids], 0),
-        mm_token_type_ids=left_pad(mm, 0),
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        mm_token_type_ids=mm_token_type_ids,
         vision=[batch.vision[p] for batch, p in rows],
         media=[batch.media[p] for batch, p in rows],
         texts=[batch.texts[p] for batch, p in rows],
@@ -131,13 +127,19 @@ def extend_prompts(batch: PromptBatch, rows: Sequence[tuple[int, Sequence[int], 
         mm.append(torch.cat([batch.mm_token_type_ids[p][keep].long(), torch.as_tensor(list(extra_mm), dtype=torch.long)]))
         vision.append(join_vision([batch.vision[p], *extra_vision]))
         media.append([*batch.media[p], *extra_media])
+    return PromptBatch(*_left_padded(ids, mm, pad_token_id), vision, media, [""] * len(ids))
+
+
+def _left_padded(ids: Sequence[torch.Tensor], mm: Sequence[torch.Tensor],
+                 pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unpadded prompt rows (token ids and their mm token types) as ``(input_ids, attention_mask,
+    mm_token_type_ids)``, left-padded to the longest."""
     width = max(len(x) for x in ids)
 
     def left_pad(rows_, value):
         return torch.stack([torch.cat([r.new_full((width - len(r),), value), r]) for r in rows_])
 
-    return PromptBatch(left_pad(ids, pad_token_id), left_pad([torch.ones_like(r) for r in ids], 0), left_pad(mm, 0),
-                       vision, media, [""] * len(ids))
+    return left_pad(ids, pad_token_id), left_pad([torch.ones_like(r) for r in ids], 0), left_pad(mm, 0)
 
 
 @dataclass
@@ -157,7 +159,6 @@ class CompletionBatch:
     context_mask: torch.Tensor | None = None  # [P*G, T] bool: the row's real tokens (policy and observation)
     completion_mm: torch.Tensor | None = None  # [P*G, T] mm token types of the completion tokens (observation images)
     row_vision: list[dict[str, torch.Tensor]] | None = None  # per row: its observation images' vision inputs
-    row_media: list[list[Any]] | None = None  # per row: its observation images (PIL)
     episodes: list[Any] | None = None  # per row: its mmgpg.rollout.episode.Episode (turns, tool calls, limits)
 
     @property

@@ -288,7 +288,7 @@ class QwenVLPolicy(PolicyBase):
         attention_mask = torch.cat([batch.attention_mask.repeat_interleave(G, 0), present.long()], dim=1)
         mm = torch.cat([batch.mm_token_type_ids.repeat_interleave(G, 0), comp_mm], dim=1)
         kwargs: dict[str, Any] = dict(input_ids=input_ids, attention_mask=attention_mask, mm_token_type_ids=mm)
-        vision = join_vision([*batch.vision, *(v for v in rows or () if v)])
+        vision = join_vision([*batch.vision, *(rows or ())])
         encoded: dict[str, Any] = {}
         for kind, pixels_key, grid_key in (("image", "pixel_values", "image_grid_thw"),
                                            ("video", "pixel_values_videos", "video_grid_thw")):

@@ -140,11 +140,21 @@ def task_limits(task) -> EpisodeLimits:
     return limits if isinstance(limits, EpisodeLimits) else EpisodeLimits()
 
 
-def _original_images(conversation: list[dict], loaded: list) -> list:
+def _check_takes_tools(policy, task) -> None:
+    """A policy whose family cannot take images between turns (``Family.takes_tools``, the one fact
+    :func:`mmgpg.task.check_task_for_model` refuses such a run by at start-up) cannot continue an episode."""
+    if not policy.spec.takes_tools:
+        raise ValueError(f"task {task.name!r} offers tools, which need a policy that takes images between turns (the "
+                         f"Qwen-VL families); {policy.spec.title} does not")
+
+
+def _original_images(conversation: list[dict], media: list) -> list:
     """The conversation's images as the tools see them: full resolution (a PIL image or a local file as given), so
-    that a zoom shows detail the resized prompt image lost; otherwise (a URL, base64) the policy's loaded copy."""
+    that a zoom shows detail the resized prompt image lost; otherwise (a URL, base64) the policy's loaded copy
+    (``media``: the prompt's loaded media, :attr:`~mmgpg.models.batch.PromptBatch.media`; videos are pairs)."""
     from PIL import Image
 
+    loaded = [m for m in media if not isinstance(m, tuple)]
     parts = [p for m in conversation if isinstance(m.get("content"), list) for p in m["content"] if is_image_part(p)]
     out = []
     for i, part in enumerate(parts):
@@ -222,17 +232,14 @@ def generate_episodes(engine, task, conversations: Sequence[list[dict]], group_s
     :func:`episode_batch`. ``conversations`` already hold the tools' block (:func:`episode_prompt`)."""
     policy = engine.policy
     tools, limits = tuple(task.tools), task_limits(task)
-    if not hasattr(policy, "encode_observation"):
-        raise ValueError(f"task {task.name!r} offers tools, which need a policy that takes images between turns (the "
-                         f"Qwen-VL families); {policy.spec.title} does not")
+    _check_takes_tools(policy, task)
     generate_from = getattr(engine, "generate_from", None)
     if generate_from is None:
         raise ValueError(f"task {task.name!r} offers tools: the {getattr(engine, 'name', type(engine).__name__)} "
                          "rollout engine cannot continue an episode from its tokens yet; use rollout.engine=hf")
     first = engine.generate(conversations, group_size, sampling)
     prompts = first.prompts
-    originals = [_original_images(c, [m for m in media if not isinstance(m, tuple)])
-                 for c, media in zip(conversations, prompts.media)]
+    originals = [_original_images(c, media) for c, media in zip(conversations, prompts.media)]  # once per prompt
     episodes = [Episode(EpisodeState(list(originals[r // group_size]))) for r in range(first.num_sequences)]
     out, active, turn = first, list(range(len(episodes))), 1
     while True:
@@ -260,15 +267,12 @@ def scripted_episodes(policy, task, conversations: Sequence[list[dict]],
     the first EOS id), with the task's real tools run between them exactly as in :func:`generate_episodes`: SFT on a
     tool task's gold episodes (``Task.gold_completion`` returning a list of turns), and the tests' scripted
     episodes. A turn after the episode has ended (an answer or a limit) is an error."""
-    if not hasattr(policy, "encode_observation"):
-        raise ValueError(f"task {task.name!r} offers tools, which need a policy that takes images between turns (the "
-                         f"Qwen-VL families); {policy.spec.title} does not")
+    _check_takes_tools(policy, task)
     tools, limits = tuple(task.tools), task_limits(task)
     prompts = policy.encode_prompts(conversations)
     episodes = []
     for p, texts in enumerate(turns):
-        loaded = [m for m in prompts.media[p] if not isinstance(m, tuple)]
-        episode = Episode(EpisodeState(_original_images(conversations[p], loaded)))
+        episode = Episode(EpisodeState(_original_images(conversations[p], prompts.media[p])))
         for k, text in enumerate(texts):
             if episode.done:
                 raise ValueError(f"episode {p}: turn {k} follows the end of the episode ({episode.limit or 'answer'})")
@@ -296,8 +300,7 @@ def episode_batch(policy, prompts: PromptBatch, group_size: int, episodes: Seque
     return CompletionBatch(prompts, group_size, ids, padded([e.policy for e in episodes], torch.bool), texts,
                            sampled_logprobs=logprobs, context_mask=context,
                            completion_mm=padded([e.mm for e in episodes], torch.long),
-                           row_vision=[join_vision(e.vision) if e.vision else {} for e in episodes],
-                           row_media=[list(e.media) for e in episodes], episodes=list(episodes))
+                           row_vision=[join_vision(e.vision) for e in episodes], episodes=list(episodes))
 
 
 def rollout(engine, task, examples: Sequence, group_size: int, sampling: Sampling) -> CompletionBatch:

@@ -72,30 +72,21 @@ def test_shapes_zoom_trains_with_tool_calls(tmp_path, zoom_model, cell):
 
 def episode_reference_gradient(trainer, groups, advantages, alpha: float, aggregation: str) -> dict[str, torch.Tensor]:
     """∇ of L = -α/B · Σ_i A_i · Σ_t log π(o_it) / |o_i| (seq_mean_token_mean) or -α/N · Σ_i A_i · Σ_t log π(o_it)
-    (token_mean) over the policy's tokens of each episode, one episode at a time: its prompt and all its tokens,
-    unpadded, through model.forward with the prompt's and its observations' images (the processor's tensors
-    concatenated), full-vocabulary logits; |o_i| = the episode's policy tokens, N = the update's."""
+    (token_mean) over the policy's tokens of each episode, one episode at a time (support.episodes: its prompt and
+    all its tokens, unpadded, through model.forward with the prompt's and its observations' images, full-vocabulary
+    logits); |o_i| = the episode's policy tokens, N = the update's."""
+    from support.episodes import episode_token_logprobs
+
     policy = trainer.policy
     model = policy.model
     model.zero_grad(set_to_none=True)
     B = sum(len(g.episodes) for g in groups)
     N = sum(sum(e.policy) for g in groups for e in g.episodes)
     for g, advs in zip(groups, advantages):
-        prompts = g.prompts
-        keep = prompts.attention_mask[g.prompt_index].bool()
-        prompt, prompt_mm = prompts.input_ids[g.prompt_index][keep], prompts.mm_token_type_ids[g.prompt_index][keep]
-        vision = prompts.vision[g.prompt_index]
         for episode, A in zip(g.episodes, advs):
             if A == 0:
                 continue
-            ids = torch.cat([prompt, torch.tensor(episode.ids)])[None]
-            mm = torch.cat([prompt_mm, torch.tensor(episode.mm)])[None]
-            pixels = torch.cat([vision["pixel_values"], *(v["pixel_values"] for v in episode.vision)])
-            grids = torch.cat([vision["image_grid_thw"], *(v["image_grid_thw"] for v in episode.vision)])
-            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm,
-                           pixel_values=pixels, image_grid_thw=grids).logits[0].float()
-            logits[:, policy.vision_token_ids] = float("-inf")
-            logp = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].gather(-1, ids[0, len(prompt):, None])[:, 0]
+            logp = episode_token_logprobs(policy, g.prompts, g.prompt_index, episode)
             mine = torch.tensor(episode.policy)
             norm = int(mine.sum()) * B if aggregation == "seq_mean_token_mean" else N
             loss = -alpha * A * logp[mine].sum() / norm

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.episodes import episode_token_logprobs, turn_spans
 from support.families import QWEN_VL
 
 from mmgpg.models.load import load_policy
@@ -71,47 +72,16 @@ def test_scripted_three_turn_episode_equals_the_hand_built_tokens_and_mask(tiny_
     assert episode.limit is None and episode.calls == 2 and "<tool_response>" in batch.texts[0]
 
 
-def _turn_spans(policy_mask: list[bool]) -> list[tuple[int, int]]:
-    spans, start = [], None
-    for i, m in enumerate([*policy_mask, False]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
-
-
 def per_turn_reference(policy, batch) -> torch.Tensor:
-    """Each turn of each episode scored alone: the prompt and everything before the turn (observation images
-    included: the prompt's pixel rows and grids concatenated with each earlier observation's), unpadded, through
-    model.forward with full-vocabulary logits; log_softmax without the suppressed vision tokens."""
+    """Each turn of each episode scored alone (support.episodes: the prompt and everything before the turn's end,
+    the observation images shown before it included, unpadded, full-vocabulary logits)."""
     out = torch.zeros(batch.completion_ids.shape)
-    prompts = batch.prompts
     for r, episode in enumerate(batch.episodes):
-        p = r // batch.group_size
-        keep = prompts.attention_mask[p].bool()
-        prompt, prompt_mm = prompts.input_ids[p][keep], prompts.mm_token_type_ids[p][keep]
-        ids, mm = torch.tensor(episode.ids), torch.tensor(episode.mm)
-        for start, end in _turn_spans(episode.policy):
-            seq = torch.cat([prompt, ids[:end]])[None]
-            types = torch.cat([prompt_mm, mm[:end]])[None]
-            seen = episode.vision[: _images_before(episode, start)]
-            pixels = torch.cat([prompts.vision[p]["pixel_values"], *(v["pixel_values"] for v in seen)])
-            grids = torch.cat([prompts.vision[p]["image_grid_thw"], *(v["image_grid_thw"] for v in seen)])
+        for start, end in turn_spans(episode.policy):
             with torch.no_grad():
-                logits = policy.model(input_ids=seq, attention_mask=torch.ones_like(seq), mm_token_type_ids=types,
-                                      pixel_values=pixels, image_grid_thw=grids).logits[0].float()
-            logits[:, policy.vision_token_ids] = float("-inf")
-            logp = torch.log_softmax(logits, -1)[len(prompt) + start - 1 : len(prompt) + end - 1]
-            out[r, start:end] = logp.gather(-1, ids[start:end, None])[:, 0]
+                logp = episode_token_logprobs(policy, batch.prompts, r // batch.group_size, episode, end)
+            out[r, start:end] = logp[start:end]
     return out
-
-
-def _images_before(episode, position: int) -> int:
-    """How many observation images the episode showed before token ``position`` (one image run per image)."""
-    mm = episode.mm[:position]
-    return sum(1 for i, t in enumerate(mm) if t == 1 and (i == 0 or mm[i - 1] != 1))
 
 
 @pytest.mark.parametrize("family", QWEN_VL)
@@ -128,7 +98,7 @@ def test_episode_logprobs_equal_the_sum_of_the_per_turn_references(tiny_dirs, ta
     want = per_turn_reference(policy, batch)
     torch.testing.assert_close(logp.detach(), want, atol=1e-5, rtol=0)
     sums = (logp.detach() * batch.completion_mask).sum(1)
-    turn_sums = [sum(float(want[r, a:b].sum()) for a, b in _turn_spans(e.policy)) for r, e in enumerate(batch.episodes)]
+    turn_sums = [sum(float(want[r, a:b].sum()) for a, b in turn_spans(e.policy)) for r, e in enumerate(batch.episodes)]
     assert sums.tolist() == pytest.approx(turn_sums, abs=1e-4)
     assert float(logp[~batch.completion_mask].abs().sum()) == 0  # observations are never scored
     logp.sum().backward()  # the observation images reach the vision tower's gradient
