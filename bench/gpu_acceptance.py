@@ -23,6 +23,14 @@ with N the model's parameters and tokens its completion tokens (prompt and image
 not counted, and generation costs 2·N per token, not 6·N: a rough figure for comparing cells, not a profile). The peak
 used is printed and stored (``--peak-tflops`` sets it for a GPU not in :data:`PEAK_BF16_TFLOPS`). Results go to
 ``bench/results/gpu/<date>-<gpu>.json`` and ``.md`` (``--out`` elsewhere).
+
+After the cells, the weight channels of the vLLM server mode are timed side by side (``bench/vllm_sync.py`` in a
+subprocess, ``--sync-timeout`` seconds on top of the budget, ``--no-sync`` to leave it out): seconds per GiB of one
+sync through ``nccl`` (server on a second GPU), ``ipc`` (CUDA IPC, server on the trainer's GPU), ``gloo`` (through
+host memory) and ``files``, each checked by the server's log-probs after a sync of changed weights. On GPU: a random
+Qwen2 of 16 layers x 2048 (about 1.6 GiB in bfloat16). The dry run times gloo and files on the CPU with a small
+model and writes ``skipped: ... needs CUDA`` for nccl and ipc (the NCCL and IPC code runs on the first GPU; it has
+not run anywhere yet). The server needs vLLM: ``--vllm-python`` names the interpreter that has it (default this one).
 """
 
 from __future__ import annotations
@@ -154,6 +162,45 @@ def build_model(size: str, out: Path, timeout: float) -> None:
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout)
 
 
+def run_sync(args, work: Path, timeout: float) -> dict:
+    """bench/vllm_sync.py in ``args.vllm_python``: its result, or ``{"status": why}`` when it could not run."""
+    python = args.vllm_python or sys.executable
+    probe = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return {"status": f"skipped: vllm not importable in {python}"}
+    out = work / "vllm_sync.json"
+    size = (["--hidden", "256", "--layers", "2", "--repeats", "1"] if args.dry_run
+            else ["--hidden", "2048", "--layers", "16", "--repeats", "3", "--dtype", "bfloat16"])
+    cmd = [python, str(Path(__file__).parent / "vllm_sync.py"), "--device", "cpu" if args.dry_run else "cuda",
+           *size, "--json", str(out)]
+    print(f"[sync] budget {timeout:.0f} s: {' '.join(cmd[1:])}", flush=True)
+    status, seconds = run_cell(cmd, timeout, work / "vllm_sync.log")
+    if status != "ok" or not out.exists():
+        return {"status": status, "seconds": seconds}
+    return {"status": "ok", "seconds": seconds, **json.loads(out.read_text())}
+
+
+def sync_markdown(sync: dict) -> list[str]:
+    if not sync:
+        return []
+    lines = ["", f"Weight sync, server mode (`bench/vllm_sync.py`): {sync['status']}"]
+    if sync["status"] != "ok":
+        return lines
+    lines += [f"model {sync['model_gib']:.3f} GiB ({sync['layers']} layers x {sync['hidden']}, {sync['dtype']}) on "
+              f"{sync['device']}; median of the timed syncs; log-prob diff = max |server - trainer| after a sync of "
+              "changed weights", "", "| transport | status | median s | s/GiB | log-prob diff max |", "|---|---|---:|---:|---:|"]
+    for t in ("nccl", "ipc", "gloo", "files"):
+        row = sync.get(t)
+        if row is None:
+            continue
+        if row["status"] != "ok":
+            lines.append(f"| {t} | {row['status']} | – | – | – |")
+        else:
+            lines.append(f"| {t} | ok | {row['median_s']:.3f} | {row['s_per_gib']:.2f} | "
+                         f"{row['logprob_diff_max_after_sync']:.2e} |")
+    return lines
+
+
 def markdown(result: dict) -> str:
     def num(v, fmt):
         return "–" if v is None else format(v, fmt)
@@ -177,6 +224,7 @@ def markdown(result: dict) -> str:
                      f"{num(s.get('seconds_per_step'), '.2f')} | {num(s.get('mfu'), '.2%')} | "
                      f"{num(s.get('peak_allocated_gib'), '.2f')} | {num(s.get('peak_reserved_gib'), '.2f')} | "
                      f"{num(s.get('sync_seconds'), '.3f')} | {diff} |")
+    lines += sync_markdown(result.get("sync") or {})
     return "\n".join(lines) + "\n"
 
 
@@ -196,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--image-pixels", type=int, default=None, help="max_pixels (default 448*448; dry run 12544)")
     ap.add_argument("--vllm-memory", type=float, default=0.3, help="rollout.vllm_gpu_memory_utilization")
     ap.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak of the GPU, for the MFU")
+    ap.add_argument("--no-sync", action="store_true", help="leave out the weight-sync comparison")
+    ap.add_argument("--sync-timeout", type=float, default=None, help="seconds for it (default 240; dry run 200)")
+    ap.add_argument("--vllm-python", default=None, help="interpreter with vLLM for it (default: this one)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "gpu"))
     ap.add_argument("--work", default=None, help="folder for the model and the cells' runs (default: a temp dir)")
     args = ap.parse_args(argv)
@@ -244,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         results.append({"cell": name, "status": status, "seconds": seconds, "budget_s": timeout, "summary": summary,
                         "log": str(work / f"{name}.log")})
         print(f"[{name}] {status} in {seconds:.0f} s: {json.dumps(summary)}", flush=True)
+    sync = {} if args.no_sync else run_sync(args, work, args.sync_timeout or (200 if dry else 240))
+    if sync:
+        print(f"[sync] {sync['status']}", flush=True)
     date = time.strftime("%Y-%m-%d", time.gmtime())
     result = {
         "command": "python bench/gpu_acceptance.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -253,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         "elapsed_s": time.monotonic() - t_start, "dry_run": dry,
         "settings": {k: getattr(args, k) for k in ("steps", "prompts", "group_size", "micro_batch", "max_new_tokens",
                                                    "image_pixels", "vllm_memory")},
-        "cells": results,
+        "cells": results, "sync": sync,
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -99,11 +99,12 @@ class RolloutConfig:
     """Seconds to wait for the vLLM server's health check at start-up and for each of its replies."""
     vllm_sync_dir: str = ""
     """Server mode: folder both processes see for the weights of each sync; empty = a new one under /dev/shm."""
-    vllm_sync_channel: Literal["dist", "files"] = "dist"
+    vllm_sync_channel: Literal["dist", "ipc", "files"] = "dist"
     """Server mode: how each sync reaches the server. dist = trainer rank 0 broadcasts the weights over a
-    gloo group of its own with the server (gloo on CPU and on GPU alike: the weights cross through host memory; no
-    NCCL channel yet); files = a safetensors file in
-    rollout.vllm_sync_dir, reloaded by the server (docs/distributed.md, "vLLM weight sync")."""
+    process group of its own with the server: NCCL when the weights and the server are on two GPUs (the buckets stay
+    on the devices), gloo through host memory when either is on the CPU; ipc = CUDA IPC handles of the buckets, for
+    a trainer and server sharing one GPU; files = a safetensors file in rollout.vllm_sync_dir, reloaded by the
+    server. NCCL and IPC have not run on a GPU yet (docs/distributed.md, "vLLM weight sync")."""
     vllm_sync_bucket_mb: float = 256.0
     """Most MiB of weights per transfer of a sync (one vLLM load call; one broadcast in server mode): bounds the extra
     memory a sync needs on both sides."""

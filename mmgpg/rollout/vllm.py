@@ -230,8 +230,9 @@ class VLLMEngine:
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load ``weights`` into vLLM in buckets of ``rollout.vllm_sync_bucket_mb`` (and reset its caches once): in
-        process when colocated; in server mode over the weight channel (``rollout.vllm_sync_channel``: a
-        torch.distributed broadcast from trainer rank 0, or a file in the sync folder)."""
+        process when colocated (the tensors are handed over where they are: a GPU policy's weights stay on the GPU); in
+        server mode over the weight channel (``rollout.vllm_sync_channel``: a broadcast from trainer rank 0, NCCL or
+        gloo; CUDA IPC handles; or a file in the sync folder)."""
         bucket_bytes = int(self.rollout_cfg.vllm_sync_bucket_mb * 2**20)
         if self.core is None:  # colocated, first sync: vLLM starts from a folder of these weights (one shard per bucket)
             from mmgpg.rollout.vllm_core import VLLMCore, write_shards

