@@ -30,11 +30,11 @@ def cmd_demo(args) -> int:
     from mmgpg.train.demo import check_demo_model, demo_settings, run_demo
     from mmgpg.utils import console
 
-    settings = demo_settings(args.text, args.tools, output=args.output or "", seed=args.seed, sft_steps=args.sft_steps,
+    settings = demo_settings(args.text, args.tools, args.video, output=args.output or "", seed=args.seed, sft_steps=args.sft_steps,
                              gpg_steps=args.gpg_steps, eval_limit=args.eval_limit, eval_every=args.eval_every,
                              prompts_per_step=args.prompts_per_step, algo=args.algo, threads=args.threads,
                              sft_lr=args.sft_lr, gpg_lr=args.lr, lr_scheduler=args.lr_scheduler,
-                             overrides=tuple(args.set), rl_overrides=tuple(args.rl_set), model=args.model or "",
+                             overrides=tuple(args.set), rl_overrides=tuple(args.rl_set), model=args.model,
                              sft_from=args.sft_from or "")
     check_demo_model(settings.model, settings.text)  # before anything is built
     if args.quick:
@@ -54,30 +54,36 @@ def register(sub) -> None:
     add_config_args(p)
     p.set_defaults(func=cmd_train)
 
-    from mmgpg.train.demo import TEXT_DEFAULTS, TOOLS_DEFAULTS, DemoSettings
+    from mmgpg.train.demo import TEXT_DEFAULTS, TOOLS_DEFAULTS, VIDEO_DEFAULTS, DemoSettings
 
     d = DemoSettings()
 
     def default(name: str) -> str:
         """The help text's default: the VL demo's value, and the text demo's where it differs."""
-        text, tools = TEXT_DEFAULTS.get(name), TOOLS_DEFAULTS.get(name)
+        text, tools, video = TEXT_DEFAULTS.get(name), TOOLS_DEFAULTS.get(name), VIDEO_DEFAULTS.get(name)
         return (f"default {getattr(d, name)}" + (f"; --text: {text}" if text is not None else "")
-                + (f"; --tools: {tools}" if tools is not None else ""))
+                + (f"; --tools: {tools}" if tools is not None else "")
+                + (f"; --video: {video}" if video is not None else ""))
 
     p = sub.add_parser("demo", help="offline CPU demo: tiny Qwen2-VL, SFT warm start, GPG, before/after + plots",
                        description="Build a tiny Qwen2-VL offline, warm-start it with SFT on the embedded shapes task, "
                        "evaluate it, train it with GPG, evaluate again, print a before/after table and write PNG "
                        "plots. About 8 minutes on 2 CPU cores with the defaults; --quick runs a seconds-long version. "
                        "--text runs the same stages on the tiny text-only Qwen2 and the arith task (add two numbers); "
-                       "--tools on shapes_zoom, whose episodes call a zoom tool.")
+                       "--tools on shapes_zoom, whose episodes call a zoom tool; --video on 4-frame clips of "
+                       "moving_shapes.")
     p.add_argument("--text", action="store_true",
                    help="the text demo: model=tiny_qwen2 (text-only Qwen2) on task=arith instead of Qwen2-VL on shapes")
     p.add_argument("--tools", action="store_true",
                    help="the tools demo: episodes with the zoom tool on task=shapes_zoom (the colour of a mark the "
                    "full view cannot resolve); half the SFT gold episodes zoom, RL has to find out that it pays")
+    p.add_argument("--video", action="store_true",
+                   help="the video demo: task=moving_shapes with task.kind=total (how many shapes a 4-frame clip "
+                   "shows, each shape in one frame only) on the tiny Qwen2.5-VL (--model qwen3_vl: Qwen3-VL)")
     p.add_argument("--output", help="run directory (default runs/demo-<time>)")
     p.add_argument("--model", metavar="FAMILY",
-                   help="the tiny model's family, e.g. qwen3_vl (or qwen3 with --text); default Qwen2-VL (Qwen2)")
+                   help="the tiny model's family, e.g. qwen3_vl (or qwen3 with --text); default Qwen2-VL (Qwen2; "
+                   "--video: Qwen2.5-VL)")
     p.add_argument("--seed", type=seed_flag, default=d.seed)
     p.add_argument("--sft-steps", type=int, help=default("sft_steps"))
     p.add_argument("--gpg-steps", type=int, help="RL steps (" + default("gpg_steps") + ")")

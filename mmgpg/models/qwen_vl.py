@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -37,6 +36,7 @@ import torch
 from mmgpg.models.base import PolicyBase
 from mmgpg.models.batch import CompletionBatch, PromptBatch, is_image_part, is_video_part, join_vision
 from mmgpg.models.logprobs import group_image_index
+from mmgpg.models.video import load_video, read_video, video_part  # noqa: F401 - read_video: the public name here
 
 VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
 
@@ -392,99 +392,6 @@ def video_rope_index(model, fallback, input_ids: torch.Tensor, mm_token_type_ids
         positions[:, b, keep] = row
         deltas.append(int(row.max()) + 1 - len(kinds))
     return positions, torch.tensor(deltas, device=input_ids.device).unsqueeze(1)
-
-
-def load_video(part: dict, patch_size: int) -> tuple[torch.Tensor, dict]:
-    """One video part (after :func:`video_part`) as ``(frames [T, 3, H, W] float, metadata)``: a file's frames
-    sampled by :func:`read_video`, or a list of frames (PIL images or image paths); each frame resized like an image
-    (qwen-vl-utils' ``smart_resize`` to multiples of 2 x the patch, within the part's pixel bounds; every frame to the
-    first one's size) and the frames padded to an even count with the last one (Qwen-VL encodes frames in pairs).
-    The metadata (the frames' rate and indices) gives Qwen3-VL's timestamps and Qwen2.5-VL's temporal positions.
-
-    Frame lists are loaded here, not by qwen-vl-utils: its frame-list path passes the merge factor where its image
-    loader expects the patch size, which resizes frames to twice the multiple."""
-    import numpy as np
-    from qwen_vl_utils import smart_resize
-
-    source = part["video"]
-    if isinstance(source, str):
-        images, metadata = read_video(source, float(part["fps"]), int(part["max_frames"]))
-    else:
-        from qwen_vl_utils import fetch_image
-
-        images = [fetch_image({"image": f, "min_pixels": part["min_pixels"], "max_pixels": part["max_pixels"]},
-                              image_patch_size=patch_size) for f in source]
-        metadata = {"fps": float(part["sample_fps"]), "frames_indices": list(range(len(images))),
-                    "total_num_frames": len(images)}
-    height, width = smart_resize(images[0].height, images[0].width, factor=2 * patch_size,
-                                 min_pixels=part["min_pixels"], max_pixels=part["max_pixels"])
-    images = [im.convert("RGB").resize((width, height)) for im in images]
-    if len(images) % 2:
-        images.append(images[-1])
-        metadata["frames_indices"] = [*metadata["frames_indices"], metadata["frames_indices"][-1]]
-    video = torch.stack([torch.from_numpy(np.asarray(im).transpose(2, 0, 1).copy()) for im in images]).float()
-    return video, metadata
-
-
-def read_video(path: str, fps: float, max_frames: int) -> tuple[list, dict]:
-    """The frames of a video file sampled at ``fps`` frames per second (at most ``max_frames``, at least 2, evenly
-    spaced over the whole video, as qwen-vl-utils samples), decoded with PyAV, and their metadata.
-
-    Written here because none of qwen-vl-utils' readers works with the torchvision mmgpg installs (0.29 removed
-    ``torchvision.io.read_video``; decord and torchcodec are extra native installs); PyAV is already a dependency
-    of qwen-vl-utils. Remote videos are not read (download them first)."""
-    import av
-    import numpy as np
-
-    if "://" in path and not path.startswith("file://"):
-        raise ValueError(f"video {path!r}: mmgpg reads local video files only; download it and give the path")
-    local = path[7:] if path.startswith("file://") else path
-    if not os.path.isfile(local):
-        raise FileNotFoundError(f"video file {local!r} does not exist")
-    try:
-        with av.open(local) as container:
-            if not container.streams.video:
-                raise ValueError("it has no video stream")
-            stream = container.streams.video[0]
-            rate = float(stream.average_rate or stream.guessed_rate or 0) or 24.0
-            frames = [f.to_image() for f in container.decode(stream)]  # sequential decode: every codec, exact indices
-    except (av.error.FFmpegError, ValueError, OSError) as err:
-        raise ValueError(f"could not read video {local!r}: {err}") from None
-    if not frames:
-        raise ValueError(f"video {local!r} has no frames")
-    total = len(frames)
-    wanted = int(min(max(round(total / rate * fps), 2), max_frames, total))
-    indices = np.linspace(0, total - 1, max(wanted, 1)).round().astype(int).tolist()
-    return [frames[i] for i in indices], {"fps": rate, "frames_indices": indices, "total_num_frames": total}
-
-
-def video_part(part: dict, fps: float, max_frames: int, min_pixels: int, max_pixels: int) -> dict:
-    """A video content part with the policy's defaults, in qwen-vl-utils' keys: a file or URL is sampled at ``fps``
-    frames per second (the part's own ``fps`` first), at most ``max_frames`` frames; a list of frames keeps its frames
-    (the part's ``fps``, default ``fps``, is the rate they were taken at: it sets Qwen3-VL's timestamps and
-    Qwen2.5-VL's temporal positions) and is subsampled evenly when it holds more than ``max_frames``; every frame is
-    resized within ``min_pixels`` .. ``max_pixels`` like an image.
-
-    >>> video_part({"type": "video", "video": list(range(10))}, 2.0, 4, 64, 256)["video"]
-    [0, 3, 6, 9]
-    """
-    part = {"min_pixels": min_pixels, "max_pixels": max_pixels, **part}
-    frames = part.get("video")
-    limit = int(part.pop("max_frames", max_frames))
-    if isinstance(frames, (list, tuple)):
-        if not frames:
-            raise ValueError("a video part holds an empty list of frames")
-        if len(frames) > limit:
-            frames = [frames[round(i * (len(frames) - 1) / (limit - 1))] for i in range(limit)] if limit > 1 \
-                else [frames[0]]
-        part["video"] = list(frames)
-        part["sample_fps"] = float(part.pop("fps", fps))
-    elif isinstance(frames, str):
-        part.setdefault("fps", fps)
-        part["max_frames"] = limit
-    else:
-        raise ValueError(f"a video part's 'video' is a file path, a URL or a list of frames; got {type(frames).__name__}")
-    return part
 
 
 def split_media(items: Sequence[Any], per_prompt: Sequence[int]) -> list[list[Any]]:

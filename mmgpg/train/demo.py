@@ -49,6 +49,9 @@ class DemoSettings:
     """The text demo: model=tiny_qwen2 on task=arith instead of model=tiny on task=shapes."""
     tools: bool = False
     """The tools demo: model=tiny on task=shapes_zoom (episodes with the zoom tool) instead of task=shapes."""
+    video: bool = False
+    """The video demo: the tiny Qwen2.5-VL (``model`` changes it) on task=moving_shapes (kind=total: count the shapes a
+    clip shows over its frames)."""
     model: str = ""
     """The tiny model's family (``model.name_or_path=tiny:<model>``: e.g. qwen3_vl, or qwen3 with ``text``); empty:
     Qwen2-VL (the text demo: Qwen2). The settings are the Qwen2 demos'; docs/demo.md has the runs of each."""
@@ -67,17 +70,22 @@ TOOLS_TASK = ("task.describe_tools=false", "task.gold_zoom_share=0.5")
 TOOLS_DEFAULTS: dict[str, object] = dict(sft_steps=400, sft_lr=2e-3, gpg_steps=60, eval_every=20, eval_limit=100,
                                          eval_samples=4)
 """The tools demo's settings where they differ from the VL demo's (chosen by the runs in docs/demo.md)."""
+VIDEO_SETUP = ("moving_shapes", "tiny", 32, "test clips", "chance is 0.20")
+VIDEO_TASK = ("task.kind=total",)
+"""The video demo's task: count the shapes of a 4-frame clip, each shape shown in one frame only."""
+VIDEO_DEFAULTS: dict[str, object] = dict(gpg_steps=200, eval_every=50, model="qwen2_5_vl")
+"""The video demo's settings where they differ from the VL demo's (chosen by the runs in docs/demo.md)."""
 
 
-def demo_settings(text: bool = False, tools: bool = False, **given) -> DemoSettings:
+def demo_settings(text: bool = False, tools: bool = False, video: bool = False, **given) -> DemoSettings:
     """The demo's settings: the defaults of the VL demo, or with ``text`` those of the text demo
-    (:data:`TEXT_DEFAULTS`), with ``tools`` those of the tools demo (:data:`TOOLS_DEFAULTS`), then every value in
-    ``given`` that is not None."""
-    if text and tools:
-        raise ValueError("--text and --tools are two different demos; choose one")
-    defaults = TEXT_DEFAULTS if text else TOOLS_DEFAULTS if tools else {}
+    (:data:`TEXT_DEFAULTS`), with ``tools`` those of the tools demo (:data:`TOOLS_DEFAULTS`), with ``video`` those of
+    the video demo (:data:`VIDEO_DEFAULTS`), then every value in ``given`` that is not None."""
+    if text + tools + video > 1:
+        raise ValueError("--text, --tools and --video are different demos; choose one")
+    defaults = TEXT_DEFAULTS if text else TOOLS_DEFAULTS if tools else VIDEO_DEFAULTS if video else {}
     base = {**defaults, **{k: v for k, v in given.items() if v is not None}}
-    return DemoSettings(text=text, tools=tools, **base)
+    return DemoSettings(text=text, tools=tools, video=video, **base)
 
 
 def check_demo_model(model: str, text: bool) -> None:
@@ -109,8 +117,10 @@ def run_demo(s: DemoSettings, console=None) -> dict:
         torch.set_num_threads(s.threads)
     say = console.print if console is not None else print
     out = run_dir_path(s.output or "", "demo")
-    task, model, max_new_tokens, items, chance = TEXT_SETUP if s.text else TOOLS_SETUP if s.tools else VL_SETUP
-    common = [f"task={task}", *(TOOLS_TASK if s.tools else ()), f"model={model}", f"seed={s.seed}", f"rollout.max_new_tokens={max_new_tokens}", "device=cpu",
+    task, model, max_new_tokens, items, chance = (TEXT_SETUP if s.text else TOOLS_SETUP if s.tools
+                                                  else VIDEO_SETUP if s.video else VL_SETUP)
+    task_options = TOOLS_TASK if s.tools else VIDEO_TASK if s.video else ()
+    common = [f"task={task}", *task_options, f"model={model}", f"seed={s.seed}", f"rollout.max_new_tokens={max_new_tokens}", "device=cpu",
               f"train.eval_limit={s.eval_limit}", f"task.num_test={max(s.eval_limit, 1)}",
               *([f"model.name_or_path=tiny:{s.model}"] if s.model else []), *s.overrides]
     t0 = time.perf_counter()

@@ -130,3 +130,17 @@ def test_demo_tools_quick_runs_episodes_and_reports_zooms(tmp_path):
     assert all("tools/calls_per_episode" in r for r in rows if "reward/total" in r)
     proc = mmgpg("demo", "--quick", "--text", "--tools", "--output", str(tmp_path / "no"), check=False)
     assert proc.returncode != 0 and "choose one" in proc.stderr
+
+
+def test_demo_video_quick_trains_on_clips(tmp_path):
+    """``--video``: the same stages on moving_shapes clips (kind=total, 4 frames: the prompts hold a video); --video
+    and --tools together are refused."""
+    out = tmp_path / "demo"
+    text = mmgpg("demo", "--video", "--quick", "--output", str(out)).stdout
+    assert "test clips" in text and "| after gpg (2 steps) |" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["settings"]["video"] is True and summary["settings"]["model"] == "qwen2_5_vl"  # its default
+    config = (out / "gpg" / "config.yaml").read_text()
+    assert "moving_shapes" in config and "kind: total" in config
+    proc = mmgpg("demo", "--quick", "--video", "--tools", "--output", str(tmp_path / "no"), check=False)
+    assert proc.returncode != 0 and "choose one" in proc.stderr

@@ -49,8 +49,10 @@ def header(name: str) -> str:
 def test_every_recipe_file_is_in_the_table():
     math_rows = ["gpg_7b", "gpg_rs1", "gpg_rs3", "simplerl_math7b_gpg"]  # the unimodal rows: test_math_recipes.py
     from tests.unit.config.test_family_recipes import FAMILY_RECIPES  # not paper rows: Qwen3-VL
+    from tests.unit.config.test_video_recipe import VIDEO_RECIPES  # not a paper row: Video-R1's data
 
-    assert sorted(p.stem for p in RECIPES.glob("*.yaml")) == sorted([*ANCHORS, *math_rows, *FAMILY_RECIPES])
+    assert sorted(p.stem for p in RECIPES.glob("*.yaml")) == sorted([*ANCHORS, *math_rows, *FAMILY_RECIPES,
+                                                                     *VIDEO_RECIPES])
 
 
 @pytest.mark.parametrize("name", sorted(ANCHORS))

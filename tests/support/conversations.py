@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def mixed_image_conversations():
     """Three prompts of different lengths: two images of different sizes, one image of a third size, no image."""
@@ -57,3 +59,16 @@ def mixed_video_conversations():
                                       {"type": "text", "text": "Is the dot in the picture?"}]}],
         [{"role": "user", "content": [{"type": "text", "text": "How many sides has a square?"}]}],
     ]
+
+
+def write_video(path: Path, frames: list, fps: int) -> None:
+    """An H.264 file of ``frames`` (PIL) at ``fps``, written with PyAV."""
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames[0].width, frames[0].height, "yuv420p"
+        for frame in frames:
+            out.mux(stream.encode(av.VideoFrame.from_image(frame)))
+        out.mux(stream.encode())

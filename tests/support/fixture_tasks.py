@@ -8,14 +8,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from mmgpg_tasks.moving_shapes import MovingShapesTask
 from mmgpg_tasks.scenes import ScenesTask
-from mmgpg_tasks.shapes import ShapesParityTask, ShapesTask
+from mmgpg_tasks.shapes import ShapesParityTask, ShapesTask, length_parity
 
 from mmgpg.task import Example, LazyExamples, Task
 from mmgpg.task.rewards import answer_tag
 
 # Loaded by the tests as `fixture_tasks.py:ParityShapes`, which also exercises the path/to/file.py:Class loader.
 ParityShapes = ShapesParityTask
+
+
+@dataclass
+class ParityMovingShapes(MovingShapesTask):
+    """moving_shapes clips (video prompts) rewarding even-length completions: a random model's groups vary."""
+
+    name: ClassVar[str] = "parity_moving_shapes"
+    version: ClassVar[str] = "test"
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.rewards = {"accuracy": lambda c, ex: length_parity(c)}
 
 
 @dataclass

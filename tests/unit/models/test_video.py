@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.conversations import mixed_video_conversations, moving_dot_frames
+from support.conversations import mixed_video_conversations, moving_dot_frames, write_video
 from support.families import QWEN_VL
 from test_qwen_vl import assert_encoded_once_equals_per_copy, reference_logprobs
 
@@ -60,25 +60,13 @@ def test_frame_budget_and_rate(tiny_dirs):
     assert policy.encode_prompts([slow]).vision[0]["video_grid_thw"].tolist() == before == [[2, 4, 4]]
 
 
-def _write_video(path, frames, fps: int) -> None:
-    """An H.264 file of ``frames`` (PIL) at ``fps``, written with PyAV."""
-    import av
-
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = frames[0].width, frames[0].height, "yuv420p"
-        for frame in frames:
-            out.mux(stream.encode(av.VideoFrame.from_image(frame)))
-        out.mux(stream.encode())
-
-
 def test_a_video_file_is_sampled_at_the_rate(tiny_dirs, tmp_path):
     """A file of 16 frames at 8 fps (2 s) sampled at model.video_fps = 2: 4 frames -> 2 temporal patches, evenly
     spaced (frames 0, 5, 10, 15); Qwen2.5-VL's temporal positions follow the sampled rate."""
     from mmgpg.models.qwen_vl import read_video
 
     path = tmp_path / "dot.mp4"
-    _write_video(path, moving_dot_frames(16, (64, 64), 3), 8)
+    write_video(path, moving_dot_frames(16, (64, 64), 3), 8)
     frames, meta = read_video(str(path), 2.0, 16)
     assert meta["frames_indices"] == [0, 5, 10, 15] and meta["fps"] == 8 and meta["total_num_frames"] == 16
     policy = load_policy(str(tiny_dirs["qwen2_5_vl"]), dtype="float32", device="cpu", **BOUNDS)
@@ -91,11 +79,27 @@ def test_a_video_file_is_sampled_at_the_rate(tiny_dirs, tmp_path):
 @pytest.mark.parametrize("video, words", [([], "empty list of frames"), (3, "file path, a URL or a list of frames"),
                                           ("/nonexistent/clip.mp4", "does not exist"),
                                           ("https://example.com/clip.mp4", "local video files only"),
-                                          ("CORRUPT", "could not read video")])
+                                          ("CORRUPT", "could not read video"),
+                                          ("EMPTY", "could not read video"),
+                                          ("AUDIO", "no video stream")])
 def test_bad_video_parts_are_clear_errors(tiny_dirs, tmp_path, video, words):
     if video == "CORRUPT":
         video = str(tmp_path / "corrupt.mp4")
         (tmp_path / "corrupt.mp4").write_bytes(b"not a video at all" * 100)
+    elif video == "EMPTY":  # a zero-length file
+        video = str(tmp_path / "empty.mp4")
+        (tmp_path / "empty.mp4").write_bytes(b"")
+    elif video == "AUDIO":  # a real media file without a video stream (a codec mmgpg cannot show)
+        import av
+        import numpy as np
+
+        video = str(tmp_path / "tone.wav")
+        with av.open(video, "w") as out:
+            stream = out.add_stream("pcm_s16le", rate=8000, layout="mono")
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 800), dtype=np.int16), format="s16", layout="mono")
+            frame.rate = 8000
+            for packet in stream.encode(frame):
+                out.mux(packet)
     policy = load_policy(str(tiny_dirs["qwen2_vl"]), dtype="float32", device="cpu", **BOUNDS)
     conv = [{"role": "user", "content": [{"type": "video", "video": video}, {"type": "text", "text": "?"}]}]
     with pytest.raises((ValueError, FileNotFoundError), match=words):
@@ -139,3 +143,43 @@ def test_the_families_that_take_videos_are_the_qwen_vl_policys():
 
     assert {f for f in FAMILIES if FAMILIES[f].takes_videos} == set(QWEN_VL) == \
         {f for f in FAMILIES if FAMILIES[f].policy.endswith(":QwenVLPolicy")}
+
+
+def test_the_sampled_frames_are_the_files_frames_at_those_indices(tmp_path):
+    """A file of 40 frames whose dot sits at column 4 + i in frame i, sampled to 5 frames: each returned frame shows
+    the dot where the frame of its index had it (the decode keeps exactly those frames, in order)."""
+    import numpy as np
+
+    from mmgpg.models.qwen_vl import read_video
+
+    path = tmp_path / "dot.mp4"
+    write_video(path, moving_dot_frames(40, (64, 32), 1), 10)
+    frames, meta = read_video(str(path), 1.25, 5)  # 4 s at 10 fps -> 5 frames
+    assert meta["frames_indices"] == [0, 10, 20, 29, 39] and meta["total_num_frames"] == 40
+    for index, frame in zip(meta["frames_indices"], frames):
+        red = np.asarray(frame)[:, :, 0].astype(int) - np.asarray(frame)[:, :, 1].astype(int)
+        columns = np.nonzero(red.max(axis=0) > 60)[0]
+        assert abs(columns.min() - (4 + index)) <= 1, (index, columns.min())
+
+
+def test_a_long_video_is_read_in_bounded_memory(tmp_path):
+    """3,000 frames of 320 x 240 (about 690 MB as RGB images) sampled to 4: in a fresh process, peak memory grows by
+    ~10 MiB while reading it (only the sampled frames are kept; keeping every decoded frame grew it by 0.4-1.5 GiB),
+    measured from after the imports."""
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    path = tmp_path / "long.mp4"
+    frames = [Image.new("RGB", (320, 240), (i % 256, 80, 160)) for i in range(3000)]
+    write_video(path, frames, 30)
+    del frames
+    script = ("import resource, sys; from mmgpg.models.qwen_vl import read_video; import av, numpy, PIL.Image; "
+              "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+              "frames, meta = read_video(sys.argv[1], 2.0, 4) if len(sys.argv) > 1 else ([], {}); "
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base, len(frames))")
+    grown, kept = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True,
+                                 check=True).stdout.split()
+    assert int(kept) == 4
+    assert int(grown) < 100 * 1024, f"peak RSS grew by {int(grown) / 1024:.0f} MiB reading a 3,000-frame video"

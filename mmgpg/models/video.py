@@ -1,0 +1,137 @@
+"""Video parts of the Qwen-VL policy: a file's frames sampled and decoded (PyAV), or a list of frames, resized like
+images and paired for the vision tower (:func:`video_part`, :func:`load_video`, :func:`read_video`).
+
+Memory stays bounded by the frame budget, not by the video: a file's frames are counted from its container (or its
+packets, without decoding), and only the sampled ones are converted and kept while it is decoded once in order.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def load_video(part: dict, patch_size: int) -> tuple[torch.Tensor, dict]:
+    """One video part (after :func:`video_part`) as ``(frames [T, 3, H, W] float, metadata)``: a file's frames
+    sampled by :func:`read_video`, or a list of frames (PIL images or image paths); each frame resized like an image
+    (qwen-vl-utils' ``smart_resize`` to multiples of 2 x the patch, within the part's pixel bounds; every frame to the
+    first one's size) and the frames padded to an even count with the last one (Qwen-VL encodes frames in pairs).
+    The metadata (the frames' rate and indices) gives Qwen3-VL's timestamps and Qwen2.5-VL's temporal positions.
+
+    Frame lists are loaded here, not by qwen-vl-utils: its frame-list path passes the merge factor where its image
+    loader expects the patch size, which resizes frames to twice the multiple."""
+    import numpy as np
+    from qwen_vl_utils import smart_resize
+
+    source = part["video"]
+    if isinstance(source, str):
+        images, metadata = read_video(source, float(part["fps"]), int(part["max_frames"]))
+    else:
+        from qwen_vl_utils import fetch_image
+
+        images = [fetch_image({"image": f, "min_pixels": part["min_pixels"], "max_pixels": part["max_pixels"]},
+                              image_patch_size=patch_size) for f in source]
+        metadata = {"fps": float(part["sample_fps"]), "frames_indices": list(range(len(images))),
+                    "total_num_frames": len(images)}
+    height, width = smart_resize(images[0].height, images[0].width, factor=2 * patch_size,
+                                 min_pixels=part["min_pixels"], max_pixels=part["max_pixels"])
+    images = [im.convert("RGB").resize((width, height)) for im in images]
+    if len(images) % 2:
+        images.append(images[-1])
+        metadata["frames_indices"] = [*metadata["frames_indices"], metadata["frames_indices"][-1]]
+    video = torch.stack([torch.from_numpy(np.asarray(im).transpose(2, 0, 1).copy()) for im in images]).float()
+    return video, metadata
+
+
+def read_video(path: str, fps: float, max_frames: int) -> tuple[list, dict]:
+    """The frames of a video file sampled at ``fps`` frames per second (at most ``max_frames``, at least 2, evenly
+    spaced over the whole video, as qwen-vl-utils samples), decoded with PyAV, and their metadata.
+
+    Written here because none of qwen-vl-utils' readers works with the torchvision mmgpg installs (0.29 removed
+    ``torchvision.io.read_video``; decord and torchcodec are extra native installs); PyAV is already a dependency
+    of qwen-vl-utils. Remote videos are not read (download them first)."""
+    import av
+
+    if "://" in path and not path.startswith("file://"):
+        raise ValueError(f"video {path!r}: mmgpg reads local video files only; download it and give the path")
+    local = path[7:] if path.startswith("file://") else path
+    if not os.path.isfile(local):
+        raise FileNotFoundError(f"video file {local!r} does not exist")
+    try:
+        with av.open(local) as container:
+            if not container.streams.video:
+                raise ValueError("it has no video stream")
+            stream = container.streams.video[0]
+            rate = float(stream.average_rate or stream.guessed_rate or 0) or 24.0
+            # the frame count from the container, else from its packets (no decoding): only the sampled frames are
+            # converted and kept, so memory is bounded by max_frames, not by the video's length
+            total = int(stream.frames or 0) or sum(1 for packet in container.demux(stream) if packet.size)
+            if not total:
+                raise ValueError("it has no frames")
+            container.seek(0)
+            indices = _sampled(total, rate, fps, max_frames)
+            frames, decoded = _decode_indices(container, stream, indices)
+            if decoded < total and len(frames) < len(indices):  # fewer frames than the container said: sample those
+                container.seek(0)
+                total, indices = decoded, _sampled(decoded, rate, fps, max_frames)
+                frames, _ = _decode_indices(container, stream, indices)
+    except (av.error.FFmpegError, ValueError, OSError) as err:
+        raise ValueError(f"could not read video {local!r}: {err}") from None
+    if not frames:
+        raise ValueError(f"video {local!r} has no frames")
+    return frames, {"fps": rate, "frames_indices": indices, "total_num_frames": total}
+
+
+def _sampled(total: int, rate: float, fps: float, max_frames: int) -> list[int]:
+    """Indices of ``total`` frames at ``rate`` sampled at ``fps`` (at least 2, at most ``max_frames``, evenly spaced
+    over the whole video; qwen-vl-utils' rule).
+
+    >>> _sampled(16, 8.0, 2.0, 16), _sampled(1, 8.0, 2.0, 16)
+    ([0, 5, 10, 15], [0])
+    """
+    import numpy as np
+
+    wanted = int(min(max(round(total / rate * fps), 2), max_frames, total))
+    return np.linspace(0, total - 1, max(wanted, 1)).round().astype(int).tolist()
+
+
+def _decode_indices(container, stream, indices: list[int]) -> tuple[list, int]:
+    """The frames at ``indices`` (as PIL images, in order) of a sequential decode, and how many frames it decoded."""
+    want, out, count, last = set(indices), {}, 0, max(indices)
+    for frame in container.decode(stream):
+        if count in want:
+            out[count] = frame.to_image()
+        count += 1
+        if count > last:
+            break
+    return [out[i] for i in indices if i in out], count
+
+
+def video_part(part: dict, fps: float, max_frames: int, min_pixels: int, max_pixels: int) -> dict:
+    """A video content part with the policy's defaults, in qwen-vl-utils' keys: a file or URL is sampled at ``fps``
+    frames per second (the part's own ``fps`` first), at most ``max_frames`` frames; a list of frames keeps its frames
+    (the part's ``fps``, default ``fps``, is the rate they were taken at: it sets Qwen3-VL's timestamps and
+    Qwen2.5-VL's temporal positions) and is subsampled evenly when it holds more than ``max_frames``; every frame is
+    resized within ``min_pixels`` .. ``max_pixels`` like an image.
+
+    >>> video_part({"type": "video", "video": list(range(10))}, 2.0, 4, 64, 256)["video"]
+    [0, 3, 6, 9]
+    """
+    part = {"min_pixels": min_pixels, "max_pixels": max_pixels, **part}
+    frames = part.get("video")
+    limit = int(part.pop("max_frames", max_frames))
+    if isinstance(frames, (list, tuple)):
+        if not frames:
+            raise ValueError("a video part holds an empty list of frames")
+        if len(frames) > limit:
+            frames = [frames[round(i * (len(frames) - 1) / (limit - 1))] for i in range(limit)] if limit > 1 \
+                else [frames[0]]
+        part["video"] = list(frames)
+        part["sample_fps"] = float(part.pop("fps", fps))
+    elif isinstance(frames, str):
+        part.setdefault("fps", fps)
+        part["max_frames"] = limit
+    else:
+        raise ValueError(f"a video part's 'video' is a file path, a URL or a list of frames; got {type(frames).__name__}")
+    return part
