@@ -6,8 +6,9 @@ colour (123, 117, 104, as ``shapes``: the tiny models' patch embeddings map it t
 
 * ``total``: ``shapes``' counting spread over time. 1-5 non-overlapping shapes are placed as in ``shapes``, and each
   is shown in one frame only (at least two frames hold shapes when there are two or more), so no frame holds them
-  all; the question is how many shapes the clip shows in all (chance 20 %). The tiny models learn this one (the
-  video demo, docs/demo.md): it reads the same evidence as image counting, spread over temporal patches.
+  all; the question is how many shapes the clip shows in all (chance 20 %). With ``frames=2`` (one temporal patch)
+  the tiny models learn it as they learn image counting (the video demo, docs/demo.md); with 4 frames (two patches)
+  their SFT warm start stays at chance and RL lifted one seed of two.
 * ``count`` (default): a shape (circle, square or triangle, random colour and place) appears in some of the frames
   and the others are empty; the question is in how many frames a shape appears (1 .. ``frames``). Any one frame
   shows at most one shape, so one frame never tells the count.

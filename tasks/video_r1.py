@@ -261,6 +261,10 @@ class VideoR1Task(JudgedTask):
             raise ValueError(f"data_type must be image or video; got {kind!r}")
         if ptype not in PROBLEM_TYPES:
             raise ValueError(f"problem_type must be one of {', '.join(PROBLEM_TYPES)}; got {ptype!r}")
+        gold = tagged(row["solution"])
+        if not gold:
+            raise ValueError(f"solution {row['solution'][:80]!r} holds no <answer>...</answer>: no gold answer to score "
+                             "against (Video-R1 would compare every output with the empty string)")
         question = row["problem"]
         if ptype == "multiple choice":
             options = row.get("options")
@@ -281,7 +285,7 @@ class VideoR1Task(JudgedTask):
         meta = {"problem_type": ptype, "data_source": str(row.get("data_source", ""))}
         return Example(id=f"video_r1-{self.benchmark if split == 'test' else 'train'}-{rid}", media=media,
                        question=template.format(question=question) + TYPE_TEMPLATE[ptype],
-                       answer=tagged(row["solution"]), meta=meta)
+                       answer=gold, meta=meta)
 
     def accuracy_reward(self, completion: str, example: Example, protocol: str) -> float:
         return training_accuracy(completion, str(example.answer), example.meta["problem_type"],

@@ -70,7 +70,7 @@ def register(sub) -> None:
                        "evaluate it, train it with GPG, evaluate again, print a before/after table and write PNG "
                        "plots. About 8 minutes on 2 CPU cores with the defaults; --quick runs a seconds-long version. "
                        "--text runs the same stages on the tiny text-only Qwen2 and the arith task (add two numbers); "
-                       "--tools on shapes_zoom, whose episodes call a zoom tool; --video on 4-frame clips of "
+                       "--tools on shapes_zoom, whose episodes call a zoom tool; --video on 2-frame clips of "
                        "moving_shapes.")
     p.add_argument("--text", action="store_true",
                    help="the text demo: model=tiny_qwen2 (text-only Qwen2) on task=arith instead of Qwen2-VL on shapes")
@@ -78,7 +78,7 @@ def register(sub) -> None:
                    help="the tools demo: episodes with the zoom tool on task=shapes_zoom (the colour of a mark the "
                    "full view cannot resolve); half the SFT gold episodes zoom, RL has to find out that it pays")
     p.add_argument("--video", action="store_true",
-                   help="the video demo: task=moving_shapes with task.kind=total (how many shapes a 4-frame clip "
+                   help="the video demo: task=moving_shapes with task.kind=total (how many shapes a 2-frame clip "
                    "shows, each shape in one frame only) on the tiny Qwen2.5-VL (--model qwen3_vl: Qwen3-VL)")
     p.add_argument("--output", help="run directory (default runs/demo-<time>)")
     p.add_argument("--model", metavar="FAMILY",

@@ -3,7 +3,7 @@ github.com/tulerfeng/Video-R1 at test time (``support.authors_rewards``: only th
 helpers run, nothing is copied): the ``paper`` training rewards against their ``accuracy_reward`` and
 ``format_reward`` (``src/r1-v/src/open_r1/grpo.py``), and the ``paper`` judge against their ``reward_fn``
 (``src/eval_bench.py``, defined inside its loop over benchmarks), value for value, on procedural and hand-written
-completions of every problem type. Also: the strict protocol closes the one reward hack found (``nan`` for a
+completions of every problem type (the corpus layouts of the GPG families' differential tests). Also: the strict protocol closes the one reward hack found (``nan`` for a
 regression item scores 1.0 in theirs).
 
 Skipped without a mirror (``git clone --bare https://github.com/tulerfeng/Video-R1 .video-r1-mirror``, or
@@ -16,6 +16,8 @@ import random
 
 import pytest
 from support.authors_rewards import load, video_r1_mirror
+from support.judge_corpus import wrap
+from support.reward_corpus import adversarial
 
 from mmgpg.task import Example, build_task, task_rewards
 
@@ -27,36 +29,25 @@ GOLDS = {"multiple choice": ["A", "B", "D"], "numerical": ["3", "3.14", "1,250",
          "regression": ["10", "2.5", "0", "1,200", "0.004"]}
 ANSWERS = ["A", "B", " A ", "a", "A.", "(A)", "3", "3.0", "3.14", "3.141", "3.145", "1,250", "1250", "1,250.00", "0.5",
            ".5", "-2", "- 2", "10", "9", "11.5", "0", "0.0", "nan", "NaN", "inf", "-inf", "1e3", "1_000", "2.5",
-           "1e400", "STOP", "stop", "the quick brown fox", "quick brown", "EXIT 12", "a man opens the door",
+           "1e400", "8", "12", "2.2", "2.6", "2.9", "0.0045", "0.003", "1,150", "1300", "STOP", "stop", "the quick brown fox", "quick brown", "EXIT 12", "a man opens the door",
            "the man opens a door", "red car", "a red car", "", "  ", "twelve", "0.004", "0.0041", "1,200", "1200.0"]
 
 
-def _completion(rng: random.Random, answer: str) -> str:
-    shape = rng.randrange(7)
-    if shape == 0:
-        return answer  # no tags at all
-    if shape == 1:
-        return f"<think>hmm</think><answer>{answer}</answer>"
-    if shape == 2:
-        return f"<think>let me think\nwait</think>\n <answer>\n{answer}\n</answer>"
-    if shape == 3:
-        return f"<answer>{answer}</answer><answer>B</answer>"
-    if shape == 4:
-        return f"<think>x</think><answer>{answer}"  # unclosed
-    if shape == 5:
-        return f" <think>x</think><answer>{answer}</answer> "
-    return f"I think <answer> {answer} </answer> done"
-
-
 def corpus(n: int = 3000) -> list[tuple[str, str, str]]:
-    """(problem type, gold, completion) triples: every type x gold x a sample of answers in every wrapping."""
+    """(problem type, gold, completion) triples: random types, golds and answers in the judge corpus' layouts
+    (``support.judge_corpus.wrap``: think/answer, bare, several/unclosed/nested tags, Unicode whitespace, ...), then
+    every gold's answers in the hand-written adversarial layouts (``support.reward_corpus.adversarial``)."""
     rng = random.Random(0)
     out = []
     for _ in range(n):
         ptype = rng.choice(TYPES)
         gold = rng.choice(GOLDS[ptype])
-        answer = rng.choice(ANSWERS + GOLDS[ptype] * 3)
-        out.append((ptype, gold, _completion(rng, answer)))
+        out.append((ptype, gold, wrap(rng, rng.choice(ANSWERS + GOLDS[ptype] * 3), decoy=rng.choice(ANSWERS))))
+    for ptype in TYPES:
+        for gold in GOLDS[ptype]:
+            x = float(gold.replace(",", "")) if ptype in ("numerical", "regression") else 1.0
+            near = [f"{x * 0.8:g}", f"{x * 1.15:g}"]  # partial MRA / relative scores
+            out += [(ptype, gold, c) for c in adversarial([gold, "nan", "1e400", gold + ".0", *near])]
     return out
 
 

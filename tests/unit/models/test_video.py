@@ -81,7 +81,8 @@ def test_a_video_file_is_sampled_at_the_rate(tiny_dirs, tmp_path):
                                           ("https://example.com/clip.mp4", "local video files only"),
                                           ("CORRUPT", "could not read video"),
                                           ("EMPTY", "could not read video"),
-                                          ("AUDIO", "no video stream")])
+                                          ("AUDIO", "no video stream"),
+                                          ("NOFRAMES", "no video stream|no frames")])
 def test_bad_video_parts_are_clear_errors(tiny_dirs, tmp_path, video, words):
     if video == "CORRUPT":
         video = str(tmp_path / "corrupt.mp4")
@@ -89,6 +90,17 @@ def test_bad_video_parts_are_clear_errors(tiny_dirs, tmp_path, video, words):
     elif video == "EMPTY":  # a zero-length file
         video = str(tmp_path / "empty.mp4")
         (tmp_path / "empty.mp4").write_bytes(b"")
+    elif video == "NOFRAMES":  # a video container whose stream got no frame
+        import av
+
+        video = str(tmp_path / "noframes.mp4")
+        out = av.open(video, "w")
+        stream = out.add_stream("libx264", rate=4)
+        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
+        out.start_encoding()  # writes the header: the file exists, with a stream and no frame in it
+        for packet in stream.encode():
+            out.mux(packet)
+        out.close()
     elif video == "AUDIO":  # a real media file without a video stream (a codec mmgpg cannot show)
         import av
         import numpy as np

@@ -49,7 +49,8 @@ def test_missing_and_bad_data_are_clear_errors(data, tmp_path):
              ({"problem_type": "essay"}, DataError, "problem_type must be one of"),
              ({"data_type": "audio"}, DataError, "data_type must be image or video"),
              ({"options": None}, DataError, "multiple-choice record needs options"),
-             ({"solution": None}, DataError, "lacks solution")]
+             ({"solution": None}, DataError, "lacks solution"),
+             ({"solution": "B"}, DataError, "holds no <answer>")]
     for change, error, message in cases:
         bad = tmp_path / "eval_mvbench.json"
         bad.write_text(json.dumps([{**records[0], **change}]))
