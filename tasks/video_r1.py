@@ -41,6 +41,7 @@ their trainer, not in their reward functions).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -132,14 +133,20 @@ def word_error_rate(reference: str, hypothesis: str) -> float:
     return previous[-1] / max(1, len(ref))
 
 
-def rouge_score(reference: str, hypothesis: str) -> float:
-    """Mean F-measure of ROUGE-1, ROUGE-2 and ROUGE-L with stemming (Google's ``rouge-score``, as Video-R1)."""
+@functools.cache
+def _rouge_scorer():
+    """One stemming ROUGE-1/2/L scorer for the process (built once, not per completion)."""
     try:
         from rouge_score import rouge_scorer
     except ImportError as err:
         raise ImportError("video_r1's free-form reward needs rouge-score: pip install 'mmgpg[video]' "
                           "(or pip install rouge-score)") from err
-    scores = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True).score(reference, hypothesis)
+    return rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+
+
+def rouge_score(reference: str, hypothesis: str) -> float:
+    """Mean F-measure of ROUGE-1, ROUGE-2 and ROUGE-L with stemming (Google's ``rouge-score``, as Video-R1)."""
+    scores = _rouge_scorer().score(reference, hypothesis)
     return (scores["rouge1"].fmeasure + scores["rouge2"].fmeasure + scores["rougeL"].fmeasure) / 3
 
 

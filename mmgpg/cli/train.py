@@ -54,16 +54,14 @@ def register(sub) -> None:
     add_config_args(p)
     p.set_defaults(func=cmd_train)
 
-    from mmgpg.train.demo import TEXT_DEFAULTS, TOOLS_DEFAULTS, VIDEO_DEFAULTS, DemoSettings
+    from mmgpg.train.demo import DEMOS, DemoSettings
 
     d = DemoSettings()
 
     def default(name: str) -> str:
-        """The help text's default: the VL demo's value, and the text demo's where it differs."""
-        text, tools, video = TEXT_DEFAULTS.get(name), TOOLS_DEFAULTS.get(name), VIDEO_DEFAULTS.get(name)
-        return (f"default {getattr(d, name)}" + (f"; --text: {text}" if text is not None else "")
-                + (f"; --tools: {tools}" if tools is not None else "")
-                + (f"; --video: {video}" if video is not None else ""))
+        """The help text's default: the VL demo's value, and each other demo's where it differs."""
+        others = "".join(f"; --{kind}: {demo.defaults[name]}" for kind, demo in DEMOS.items() if name in demo.defaults)
+        return f"default {getattr(d, name)}{others}"
 
     p = sub.add_parser("demo", help="offline CPU demo: tiny Qwen2-VL, SFT warm start, GPG, before/after + plots",
                        description="Build a tiny Qwen2-VL offline, warm-start it with SFT on the embedded shapes task, "

@@ -189,11 +189,11 @@ class TrainerEnd:
 
 class ServerEnd:
     """Rank 1 of a broadcast channel (``mmgpg vllm-serve``): joins the trainer's store and group; :meth:`receive`
-    gets one bucket's bytes into ``device`` (the server's GPU for ``nccl``, the CPU for ``gloo``)."""
+    gets one bucket's bytes, on the server's GPU for ``nccl`` (its current device) and on the CPU for ``gloo``."""
 
-    def __init__(self, host: str, port: int, timeout_s: float, backend: str = "gloo",
-                 device: torch.device | str = "cpu"):
-        self.timeout_s, self.device = float(timeout_s), torch.device(device)
+    def __init__(self, host: str, port: int, timeout_s: float, backend: str = "gloo"):
+        self.timeout_s = float(timeout_s)
+        self.device = torch.device("cuda" if backend == "nccl" else "cpu")
         store = torch.distributed.TCPStore(host, int(port), 2, is_master=False,
                                            timeout=datetime.timedelta(seconds=self.timeout_s))
         self.group = _group(store, 1, self.timeout_s, backend)
@@ -303,11 +303,10 @@ def open_channel(client, device) -> None:
     import socket
     import urllib.parse
 
-
     kind = client._forced or transport(client.channel, device_identity(device), client.info)
-    if kind == "ipc":
+    if kind == "ipc":  # no group: each bucket's handle travels in its /update
         client._post("/init_channel", {"transport": "ipc"})
-        client._end, client.transport = "ipc", kind
+        client.transport = kind
         return
     host = urllib.parse.urlsplit(client.url).hostname or "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -332,7 +331,7 @@ def send_weights(client, weights, bucket_bytes: int) -> dict:
     from mmgpg.rollout.vllm_core import buckets  # looked up per sync (the channel test drops buckets on the way)
 
     for chunk in buckets(weights, bucket_bytes):
-        if client._end is None:
+        if client.transport is None:
             open_channel(client, chunk[0][1].device)
         # gloo takes host memory: a GPU trainer sending to a CPU server packs on the CPU (one copy, said in docs)
         desc, flat = pack(chunk, "cpu" if client.transport == "gloo" else None)
@@ -344,7 +343,7 @@ def send_weights(client, weights, bucket_bytes: int) -> dict:
         try:
             client._end.send(flat)
         except Exception as err:  # noqa: BLE001 - the group's error (peer gone, timeout), said in terms of the run
-            client._end = None
+            client._end, client.transport = None, None
             raise VLLMServerError(
                 f"sending weights to the vLLM server at {client.url} failed ({type(err).__name__}: "
                 f"{str(err)[:200]}): the server died or stopped receiving within rollout.vllm_server_timeout="

@@ -99,8 +99,9 @@ class ServerClient:
         self.channel = channel
         self.info = self._wait_healthy()
         self.dtype = str(self.info.get("dtype", "float32"))
-        self._end = None  # the channel's trainer end (rank 0 only, opened at the first dist/ipc sync)
-        self.transport: str | None = None  # gloo | nccl | ipc, chosen at the first sync (vllm_channel.transport)
+        self.transport: str | None = None  # gloo | nccl | ipc once the channel is open (rank 0, at the first dist/ipc
+        # sync: vllm_channel.transport); None: not open
+        self._end = None  # the broadcast group's trainer end (gloo, nccl; the ipc transport has none)
         self._forced = transport
         self.sync_dir, self._cleanup = None, None
         if channel == "files":
@@ -221,9 +222,9 @@ class ServerClient:
         self._post("/shutdown", {})
 
     def close(self) -> None:
-        if self._end is not None and self._end != "ipc":
+        if self._end is not None:
             self._end.close()
-        self._end = None
+        self._end, self.transport = None, None
         if self._cleanup is not None:
             self._cleanup()
 
@@ -237,8 +238,8 @@ class _Channel:
     """The server's end of the weight channel and the sync in progress (one trainer at a time)."""
 
     def __init__(self):
-        self.end = None  # vllm_channel.ServerEnd once a trainer has connected ("ipc" for the IPC transport)
-        self.transport = "gloo"  # gloo | nccl | ipc (vllm_channel.TRANSPORTS), told by /init_channel
+        self.transport: str | None = None  # gloo | nccl | ipc once a trainer has opened a channel; None: none open
+        self.end = None  # vllm_channel.ServerEnd of a broadcast transport (the ipc transport has none)
         self.update = None  # vllm_core.WeightUpdate between the first /update of a sync and /update_done
         self.error: str | None = None  # a failure after the reply of /init_channel or /update, told at the next call
         self.t0 = 0.0
@@ -329,14 +330,14 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
                 if chan.update is not None:
                     chan.update.abort()
                     chan.update = None
-                chan.end, chan.error, chan.transport = None, None, kind
+                chan.end, chan.error, chan.transport = None, None, None
                 if kind == "ipc":
-                    chan.end = "ipc"
+                    chan.transport = kind
                     return self._reply(200, {"status": "ready"})
                 host, port, timeout = str(body["host"]), int(body["port"]), float(body["timeout_s"])
                 self._reply(200, {"status": "joining"})
                 try:
-                    chan.end = ServerEnd(host, port, timeout, kind, "cuda" if kind == "nccl" else "cpu")
+                    chan.end, chan.transport = ServerEnd(host, port, timeout, kind), kind
                 except Exception as err:  # noqa: BLE001
                     chan.error = f"joining the trainer's {kind} weight channel at {host}:{port} failed: {err}"
                     sys.stderr.write(f"vllm-serve: {chan.error}\n")
@@ -355,7 +356,7 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
                         chan.update.abort()
                         chan.update = None
                     return self._reply(500, {"error": message})
-                if chan.end is None:
+                if chan.transport is None:
                     return self._reply(409, {"error": NO_CHANNEL})
                 if chan.update is None:
                     chan.t0 = time.perf_counter()
@@ -378,7 +379,8 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
                 try:
                     flat = chan.end.receive(size)
                 except Exception as err:  # noqa: BLE001 - the trainer died or stopped sending: the channel is gone
-                    chan.error, chan.end = f"receiving a bucket of {size} bytes failed: {err}", None
+                    chan.error = f"receiving a bucket of {size} bytes failed: {err}"
+                    chan.end, chan.transport = None, None
                     sys.stderr.write(f"vllm-serve: {chan.error}\n")
                     chan.update.abort()
                     chan.update = None
@@ -397,7 +399,7 @@ def _handler(core, info: dict, lock: threading.Lock, stop):
                     if update is not None:
                         update.abort()
                     return self._reply(500, {"error": message})
-                if chan.end is None:
+                if chan.transport is None:
                     return self._reply(409, {"error": NO_CHANNEL})
                 if update is None:
                     return self._reply(400, {"error": "/update_done without an /update before it: no sync to finish"})

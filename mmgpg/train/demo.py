@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
@@ -78,13 +78,33 @@ VIDEO_DEFAULTS: dict[str, object] = dict(gpg_steps=200, eval_every=50, model="qw
 """The video demo's settings where they differ from the VL demo's (chosen by the runs in docs/demo.md)."""
 
 
+@dataclass(frozen=True)
+class Demo:
+    """One demo: its ``setup`` (task, model, max new tokens, what an evaluation item is, chance accuracy), the task
+    options it adds, and its settings where they differ from the VL demo's."""
+
+    setup: tuple[str, str, int, str, str]
+    task_options: tuple[str, ...] = ()
+    defaults: dict[str, object] = field(default_factory=dict)
+
+
+DEMOS = {"vl": Demo(VL_SETUP), "text": Demo(TEXT_SETUP, (), TEXT_DEFAULTS),
+         "tools": Demo(TOOLS_SETUP, TOOLS_TASK, TOOLS_DEFAULTS), "video": Demo(VIDEO_SETUP, VIDEO_TASK, VIDEO_DEFAULTS)}
+"""The demos by their flag (``vl``: no flag)."""
+
+
+def demo_kind(text: bool = False, tools: bool = False, video: bool = False) -> str:
+    """The :data:`DEMOS` key of the flags given (at most one)."""
+    if text + tools + video > 1:
+        raise ValueError("--text, --tools and --video are different demos; choose one")
+    return "text" if text else "tools" if tools else "video" if video else "vl"
+
+
 def demo_settings(text: bool = False, tools: bool = False, video: bool = False, **given) -> DemoSettings:
     """The demo's settings: the defaults of the VL demo, or with ``text`` those of the text demo
     (:data:`TEXT_DEFAULTS`), with ``tools`` those of the tools demo (:data:`TOOLS_DEFAULTS`), with ``video`` those of
     the video demo (:data:`VIDEO_DEFAULTS`), then every value in ``given`` that is not None."""
-    if text + tools + video > 1:
-        raise ValueError("--text, --tools and --video are different demos; choose one")
-    defaults = TEXT_DEFAULTS if text else TOOLS_DEFAULTS if tools else VIDEO_DEFAULTS if video else {}
+    defaults = DEMOS[demo_kind(text, tools, video)].defaults
     base = {**defaults, **{k: v for k, v in given.items() if v is not None}}
     return DemoSettings(text=text, tools=tools, video=video, **base)
 
@@ -118,10 +138,9 @@ def run_demo(s: DemoSettings, console=None) -> dict:
         torch.set_num_threads(s.threads)
     say = console.print if console is not None else print
     out = run_dir_path(s.output or "", "demo")
-    task, model, max_new_tokens, items, chance = (TEXT_SETUP if s.text else TOOLS_SETUP if s.tools
-                                                  else VIDEO_SETUP if s.video else VL_SETUP)
-    task_options = TOOLS_TASK if s.tools else VIDEO_TASK if s.video else ()
-    common = [f"task={task}", *task_options, f"model={model}", f"seed={s.seed}", f"rollout.max_new_tokens={max_new_tokens}", "device=cpu",
+    demo = DEMOS[demo_kind(s.text, s.tools, s.video)]
+    task, model, max_new_tokens, items, chance = demo.setup
+    common = [f"task={task}", *demo.task_options, f"model={model}", f"seed={s.seed}", f"rollout.max_new_tokens={max_new_tokens}", "device=cpu",
               f"train.eval_limit={s.eval_limit}", f"task.num_test={max(s.eval_limit, 1)}",
               *([f"model.name_or_path=tiny:{s.model}"] if s.model else []), *s.overrides]
     t0 = time.perf_counter()

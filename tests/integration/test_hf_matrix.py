@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import FIXTURE_TASKS, comparable_run, run_mmgpg
+from support import FIXTURE_TASKS, assert_same_metrics, comparable_run, run_mmgpg
 
 BACKENDS = {"plain": ["train.backend=plain"], "zero2": ["train.backend=deepspeed", "train.zero_stage=2"],
             "zero3": ["train.backend=deepspeed", "train.zero_stage=3"]}
@@ -115,9 +115,4 @@ def _resume_redoes_the_last_step(run: Path, resumed: Path, backend: str, adapter
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(b[k], a[k], atol=1e-6, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
-    ma, mb = comparable_run(run), comparable_run(resumed)
-    assert [m.get("step") for m in ma] == [m.get("step") for m in mb]
-    for x, y in zip(ma, mb):
-        assert x.keys() == y.keys()
-        for k in x:
-            assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-6), (x.get("step"), k)
+    assert_same_metrics(comparable_run(run), comparable_run(resumed))

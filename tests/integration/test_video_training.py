@@ -114,7 +114,7 @@ def test_moving_shapes_on_two_ranks_with_each_backend_and_a_resume(tmp_path, cel
 
     import torch
     from safetensors.torch import load_file
-    from support import FIXTURE_TASKS, comparable_run, run_mmgpg
+    from support import FIXTURE_TASKS, assert_same_metrics, comparable_run, run_mmgpg
 
     args = ["train", f"task={FIXTURE_TASKS}:ParityMovingShapes", "task.kind=total", "model.name_or_path=tiny:qwen2_5_vl",
             "model.dtype=float32", "model.min_pixels=1024", "model.max_pixels=4096", "algo=gpg",
@@ -130,15 +130,7 @@ def test_moving_shapes_on_two_ranks_with_each_backend_and_a_resume(tmp_path, cel
     shutil.copytree(run, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step-00000002")
     run_mmgpg(*args, f"output_dir={resumed}", "train.resume=true", ranks=2, env=env)
-    ma, mb = comparable_run(run), comparable_run(resumed)
-    assert [m.get("step") for m in ma] == [m.get("step") for m in mb]
-    for x, y in zip(ma, mb):
-        assert x.keys() == y.keys()
-        for k in x:
-            if x[k] is None or y[k] is None:  # a metric with no value that step (e.g. no non-finite gradient)
-                assert x[k] is y[k], (x.get("step"), k)
-            else:
-                assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-6), (x.get("step"), k)
+    assert_same_metrics(comparable_run(run), comparable_run(resumed))
     a = load_file(run / "checkpoints" / "step-00000002" / "policy" / "model.safetensors")
     b = load_file(resumed / "checkpoints" / "step-00000002" / "policy" / "model.safetensors")
     assert a.keys() == b.keys()

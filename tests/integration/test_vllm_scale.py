@@ -115,7 +115,7 @@ def test_server_weight_channel_buckets_drops_and_restart(tiny_text_dir, monkeypa
                    "rollout.vllm_sync_bucket_mb=0.25", "rollout.max_new_tokens=16"]).config
     try:
         eng = build_engine("vllm", policy, EngineSettings.from_config(cfg))  # the first sync opens the channel
-        assert eng.core.channel == "dist" and eng.core._end is not None
+        assert eng.core.channel == "dist" and eng.core.transport == "gloo" and eng.core._end is not None
         _perturb(policy, 1)
         assert _diff(policy, eng).mean() > 100 * MEAN_TOL  # stale: the check would see it
         out = eng.core.reload(weights=policy_weights(policy.model), bucket_bytes=1 << 18)

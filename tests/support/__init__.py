@@ -80,6 +80,21 @@ def comparable(metrics: list[dict]) -> list[dict]:
     return [{k: v for k, v in m.items() if not k.startswith(MEASURED)} for m in metrics]
 
 
+def assert_same_metrics(a: list[dict], b: list[dict]) -> None:
+    """Two runs' :func:`comparable` records are the same steps with the same keys and equal values (rel 1e-5, abs
+    1e-6: a resume reproduces the uninterrupted run); a metric without a value (None) must have none in both."""
+    import pytest
+
+    assert [m.get("step") for m in a] == [m.get("step") for m in b]
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys(), x.get("step")
+        for k in x:
+            if x[k] is None or y[k] is None:
+                assert x[k] is y[k], (x.get("step"), k)
+            else:
+                assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-6), (x.get("step"), k)
+
+
 def comparable_run(run: Path) -> list[dict]:
     """:func:`comparable` of a run directory's ``metrics.jsonl``."""
     import json
