@@ -18,6 +18,7 @@ import json
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,9 +55,14 @@ def main() -> None:
         f"rollout.group_size={args.group_size}", f"rollout.max_new_tokens={args.max_new_tokens}",
         f"train.prompts_per_step={args.prompts}", f"train.micro_batch_prompts={args.micro_batch}",
         "algo.min_valid_fraction=0", "train.progress=false", "train.tensorboard=false",
-        f"output_dir=/tmp/mmgpg-gpu-bench-{int(time.time())}",
     ]
-    trainer = Trainer(resolve(overrides), policy=policy)
+    with tempfile.TemporaryDirectory(prefix="mmgpg-gpu-bench-") as run_dir:  # the run's own files are not kept
+        result = _measure(args, model, Trainer(resolve([*overrides, f"output_dir={run_dir}"]), policy=policy),
+                          device, build_s)
+    _write(result, args, device)
+
+
+def _measure(args, model, trainer, device, build_s) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     rows = []
@@ -74,7 +80,7 @@ def main() -> None:
                      "time/rollout": m["time/rollout"], "time/update": m["time/update"]})
         print(json.dumps(rows[-1]), flush=True)
     measured = rows[2:] or rows
-    result = {
+    return {
         "command": "python " + " ".join(sys.argv),
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
@@ -89,6 +95,9 @@ def main() -> None:
         "peak_gpu_memory_gib": (torch.cuda.max_memory_allocated(device) / 2**30) if device.type == "cuda" else None,
         "settings": vars(args), "steps": rows,
     }
+
+
+def _write(result: dict, args, device) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"gpu_step-{args.size}-{device.type}"

@@ -11,6 +11,9 @@ if [[ -z "${!1:-}" ]]; then
   export PIP_CONFIG_FILE=/dev/null
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# No pip cache: the wheels these environments download (a CUDA torch build and its libraries: several GB) would stay
+# in ~/.cache/pip beside the installed copies. ENV_PIP_CACHE=1 keeps pip's cache on (faster rebuilds).
+if [[ -z "${ENV_PIP_CACHE:-}" ]]; then export PIP_NO_CACHE_DIR=1; fi
 
 stage() {  # stage NAME -- prints the time each stage took
   STAGE_NAME=$1; STAGE_T0=$(date +%s); echo "== [$(date -u +%H:%M:%S)] $STAGE_NAME"
