@@ -255,9 +255,11 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
                 with_fixes: bool = True, videos_per_prompt: int = 0) -> Plan:
     """The per-GPU memory of ``cfg`` (a :class:`mmgpg.config.Config`) on ``gpus`` x ``nodes`` GPUs, for prompts of
     ``images_per_prompt`` images and ``videos_per_prompt`` videos of ``model.video_max_frames`` frames each (a
-    frame pair is one temporal patch: a video is frames / 2 images' worth of vision-tower rows)."""
+    frame pair is one temporal patch: a video is frames / 2 frames' worth of vision-tower rows, a frame within
+    ``model.max_pixels`` and the video's ``model.video_total_pixels`` budget, :func:`mmgpg.models.video.frame_max_pixels`)."""
     check_setup(backend, zero_stage, offload, gpus, nodes, gpu_memory_gb)
     from mmgpg.models import family as family_spec
+    from mmgpg.models.video import frame_max_pixels  # imports torch: not at module level (mmgpg --help stays light)
 
     spec = family_spec(shape.family)
     if not spec.planned_layers:
@@ -304,15 +306,21 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
     text_act = activation_bytes(sequences * seq_len, shape.layers, text_layer, text_ckpt, t.gradient_checkpointing)
     per_gpu["activations_text"] = text_act
     if shape.has_vision:  # a text-only model has no vision terms at all
-        patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image (or video frame)
-        video_images = videos_per_prompt * -(-m.video_max_frames // shape.temporal_patch_size)
-        images = micro_groups * (images_per_prompt + video_images) * (1 if m.encode_images_once else r.group_size)
+        patches = m.max_pixels // (shape.patch_size**2)  # pre-merge patches of the largest image
+        # a video: its frame pairs (temporal patches), each of one frame's patches within the video's pixel budget;
+        # the longest video (video_max_frames) is the largest, as rows grow with the frames under any budget
+        pairs = -(-m.video_max_frames // shape.temporal_patch_size)
+        frame_patches = int(frame_max_pixels(pairs * shape.temporal_patch_size, m.min_pixels, m.max_pixels,
+                                             m.video_total_pixels, shape.patch_size)) // (shape.patch_size**2)
+        copies = micro_groups * (1 if m.encode_images_once else r.group_size)
+        images = copies * (images_per_prompt + videos_per_prompt * pairs)
+        rows = copies * (images_per_prompt * patches + videos_per_prompt * pairs * frame_patches)
         vision_act = 0
         if not t.freeze_vision and (shape.lora_vision or not lora):  # no gradient into the tower: nothing saved
             v_layer = vision_layer_bytes_per_patch(shape.family, shape.vision_hidden, shape.vision_intermediate,
                                                    precision)
             v_ckpt = checkpointed_layer_bytes_per_token(shape.vision_hidden, precision)
-            vision_act = activation_bytes(images * patches, shape.vision_depth, v_layer, v_ckpt,
+            vision_act = activation_bytes(rows, shape.vision_depth, v_layer, v_ckpt,
                                           t.gradient_checkpointing)
         per_gpu["activations_vision"] = vision_act
     per_gpu["autocast_weight_copies"] = 2 * shape.params if precision == "autocast" else 0
@@ -356,8 +364,8 @@ def plan_memory(cfg, shape: ModelShape, *, gpus: int, nodes: int = 1, gpu_memory
                **{k: v for k, v in dataclasses.asdict(shape).items() if shape.has_vision or k not in VISION_FIELDS}},
         workload={"micro_batch_sequences": sequences, "sequence_length": seq_len,
                   **({"images_per_micro_batch": images, "patches_per_image": patches} if shape.has_vision else {}),
-                  **({"videos_per_prompt": videos_per_prompt, "frames_per_video": m.video_max_frames}
-                     if shape.has_vision and videos_per_prompt else {}),
+                  **({"videos_per_prompt": videos_per_prompt, "frames_per_video": m.video_max_frames,
+                      "patches_per_video_frame": frame_patches} if shape.has_vision and videos_per_prompt else {}),
                   "rollout_sequences_per_rank": prompts_per_rank * r.group_size,
                   "gradient_checkpointing": t.gradient_checkpointing,
                   **({"freeze_vision": t.freeze_vision} if shape.has_vision else {}),

@@ -40,7 +40,8 @@ def format_plan(plan: Plan) -> str:
         f"{s['nodes']} node(s) x {s['gpus_per_node']} GPU(s) of {s['gpu_memory_gib']:g} GiB",
         f"micro-batch: {w['micro_batch_sequences']} sequences x {w['sequence_length']} tokens, "
         + (f"{w['images_per_micro_batch']} image(s) x {w['patches_per_image']} patches"
-           + (f" (videos of {w['frames_per_video']} frames count as frames / 2 images)" if "frames_per_video" in w
+           + (f" (videos of {w['frames_per_video']} frames count as frames / 2 images of "
+              f"{w['patches_per_video_frame']} patches)" if "frames_per_video" in w
               else "") if "images_per_micro_batch" in w else "no images (text-only model)") + "; rollout: "
         f"{w['rollout_sequences_per_rank']} sequences per GPU; gradient checkpointing "
         f"{'on' if w['gradient_checkpointing'] else 'off'}",
@@ -135,7 +136,7 @@ def add_hardware_args(p: argparse.ArgumentParser, required: bool = True) -> None
                    help=f"images in each prompt (default 1; 0 for text prompts; at most {MAX_IMAGES_PER_PROMPT})")
     p.add_argument("--videos-per-prompt", type=int_in(0, MAX_IMAGES_PER_PROMPT), default=0,
                    help="videos in each prompt (default 0), of model.video_max_frames frames of at most "
-                   "model.max_pixels each")
+                   "model.max_pixels each, within model.video_total_pixels per video")
 
 
 def backend_setup(cfg, args) -> tuple[str, int, str]:

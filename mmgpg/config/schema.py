@@ -67,6 +67,11 @@ class ModelConfig:
     video_max_frames: int = bounded(16, ge=2, why="Qwen-VL encodes frames in pairs (temporal patch 2).")
     """Video parts: at most this many frames per video (a longer file or frame list is sampled evenly); each frame is
     resized within min_pixels .. max_pixels like an image, so a video costs about frames / 2 x an image's tokens."""
+    video_total_pixels: int = bounded(0, ge=0, why="A pixel budget; 0 is qwen-vl-utils' default.")
+    """Video parts: one video's pixel budget over its frames (qwen-vl-utils' `total_pixels`): each frame keeps at most
+    min(max_pixels, max(video_total_pixels / frames x 2, 1.05 x min_pixels)) pixels, so a long video gets smaller
+    frames instead of overrunning max_prompt_length. 0: qwen-vl-utils' default, 128,000 tokens' worth x 0.9
+    (90,316,800 pixels at a 14-pixel patch), which caps no frame of a 16-frame video. A part's own `total_pixels` wins."""
     encode_images_once: bool = True
     """Run the vision tower once per prompt and share the features among its group_size completions when scoring."""
     lora: LoraConfig = field(default_factory=LoraConfig)

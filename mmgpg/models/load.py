@@ -180,6 +180,7 @@ def load_policy(
     chat_template_kwargs: dict[str, Any] | None = None,
     video_fps: float | None = None,
     video_max_frames: int | None = None,
+    video_total_pixels: int | None = None,
 ) -> Policy:
     """Load a policy from a hub id or a local directory (never ``trust_remote_code``): the class is the one the
     checkpoint's ``model_type`` names in :data:`mmgpg.models.FAMILIES` (the Qwen-VL policy, the text policy, ...).
@@ -188,8 +189,8 @@ def load_policy(
     (:mod:`mmgpg.models.tiny`). ``device="meta"`` builds the model without reading its weights (for checks that need
     only shapes and the processor, such as ``mmgpg check``). ``min_pixels``/``max_pixels`` apply to models that take
     images only. ``chat_template_kwargs``: extra variables for the chat template in every prompt the policy renders
-    (``model.chat_template_kwargs``). ``video_fps`` / ``video_max_frames``: the frame budget of video parts, for a
-    policy that takes videos (the Qwen-VL families; ``model.video_fps`` / ``model.video_max_frames``).
+    (``model.chat_template_kwargs``). ``video_fps`` / ``video_max_frames`` / ``video_total_pixels``: the frame and
+    pixel budget of video parts, for a policy that takes videos (the Qwen-VL families; ``model.video_*``).
     """
     import transformers
 
@@ -233,7 +234,8 @@ def load_policy(
     policy = cls(model, processor, max_prompt_length=max_prompt_length, **options)
     policy.chat_template_kwargs = dict(chat_template_kwargs or {})
     if policy.spec.takes_videos:
-        for name, value in (("video_fps", video_fps), ("video_max_frames", video_max_frames)):
+        for name, value in (("video_fps", video_fps), ("video_max_frames", video_max_frames),
+                            ("video_total_pixels", video_total_pixels)):
             if value is not None:
                 setattr(policy, name, value)
     return policy
@@ -290,7 +292,7 @@ def load_policy_for(model_cfg, device: torch.device | str, *, source: str | None
                        max_pixels=model_cfg.max_pixels, attn_implementation=model_cfg.attn_implementation,
                        device=device, max_prompt_length=model_cfg.max_prompt_length,
                        chat_template_kwargs=model_cfg.chat_template_kwargs, video_fps=model_cfg.video_fps,
-                       video_max_frames=model_cfg.video_max_frames)
+                       video_max_frames=model_cfg.video_max_frames, video_total_pixels=model_cfg.video_total_pixels)
 
 
 def load_for_training(model_cfg, device, dtype: str, checkpoint: Path | None = None, *,

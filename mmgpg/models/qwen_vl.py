@@ -81,6 +81,7 @@ class QwenVLPolicy(PolicyBase):
         # frames longer than that is subsampled evenly (model.video_fps / model.video_max_frames; set by load_policy).
         self.video_fps: float = 2.0
         self.video_max_frames: int = 16
+        self.video_total_pixels: int = 0  # a video's pixel budget over its frames (0: qwen-vl-utils' default)
         if model_type in ("qwen2_vl", "qwen2_5_vl"):  # their video positions: Qwen's rule (see video_rope_index)
             inner = model.model
             inner.get_rope_index = functools.partial(video_rope_index, inner, inner.get_rope_index)
@@ -97,7 +98,7 @@ class QwenVLPolicy(PolicyBase):
                 for part in message["content"]:
                     if is_video_part(part):
                         part = video_part(part, self.video_fps, self.video_max_frames, self.min_pixels,
-                                          self.max_pixels)
+                                          self.max_pixels, self.video_total_pixels)
                     elif is_image_part(part):
                         part = {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels, **part}
                     parts.append(part)

@@ -564,3 +564,21 @@ def test_a_video_plans_as_frames_over_two_images(config_dirs, capsys):
     video, setup = vision("--images-per-prompt", "0", "--videos-per-prompt", "1", "model.video_max_frames=16")
     assert video == 8 * one_image > 0 and setup["frames_per_video"] == 16 and setup["videos_per_prompt"] == 1
     assert vision("--images-per-prompt", "0", "--videos-per-prompt", "1", "model.video_max_frames=15")[0] == video
+
+
+def test_a_video_pixel_budget_shrinks_its_frames(config_dirs, capsys):
+    """model.video_total_pixels shares one budget over a video's frames (qwen-vl-utils' rule): 16 frames with a budget
+    of 2 x max_pixels keep max_pixels / 4 each, so the video's 8 frame pairs are 2 images' rows; a budget below the
+    floor keeps 1.05 x min_pixels per frame."""
+    def vision(*extra):
+        code, data = _plan_json(config_dirs, capsys, "--images-per-prompt", "0", *extra)
+        return data["per_gpu_bytes"]["activations_vision"], data["workload"]
+
+    one_image = _plan_json(config_dirs, capsys, "--images-per-prompt", "1", "model.max_pixels=200704")[1][
+        "per_gpu_bytes"]["activations_vision"]
+    video = ["--videos-per-prompt", "1", "model.video_max_frames=16", "model.max_pixels=200704"]
+    assert vision(*video)[0] == 8 * one_image  # the default budget caps no frame
+    budgeted, workload = vision(*video, "model.video_total_pixels=401408")
+    assert budgeted == 2 * one_image > 0 and workload["patches_per_video_frame"] == 50176 // 14**2
+    floor, workload = vision(*video, "model.video_total_pixels=1000", "model.min_pixels=3136")
+    assert workload["patches_per_video_frame"] == int(3136 * 1.05) // 14**2  # 16 patches: the floor, not the budget

@@ -60,6 +60,39 @@ def test_frame_budget_and_rate(tiny_dirs):
     assert policy.encode_prompts([slow]).vision[0]["video_grid_thw"].tolist() == before == [[2, 4, 4]]
 
 
+@pytest.mark.parametrize(("frames", "total"), [(8, 0), (8, 300_000), (8, 120_000), (7, 140_000), (8, 2_000)])
+def test_a_videos_pixel_budget_sizes_its_frames_as_qwen_vl_utils_does(frames, total):
+    """The frames' size under a video pixel budget (``total_pixels``; 0: the default) equals qwen-vl-utils' own
+    ``fetch_video`` (imported) on the same list of frames: 448 x 336 frames (multiples of 56, so its frame-list path's
+    first resize, with twice the factor, keeps them), shrunk by budgets of 75,000 and 30,000 pixels per frame, a
+    7-frame list padded to 8 before the budget is shared (140,000 / 8 x 2 = 35,000 per frame, not 40,000), and a budget below the floor (1.05 x min_pixels)."""
+    from qwen_vl_utils import fetch_video
+
+    from mmgpg.models.video import load_video
+
+    pics = moving_dot_frames(frames, size=(448, 336))
+    bounds = dict(min_pixels=3136, max_pixels=401408)
+    ours, _ = load_video(video_part({"type": "video", "video": pics}, 2.0, 16, **bounds, total_pixels=total), 14)
+    theirs = fetch_video({"video": pics, **bounds, **({"total_pixels": total} if total else {})}, image_patch_size=14)
+    assert ours.shape == theirs.shape
+    assert ours.shape[2] * ours.shape[3] <= (max(total / 8 * 2, 3136 * 1.05) if total else 448 * 336)
+
+
+def test_the_pixel_budget_setting_and_a_parts_own(tiny_dirs):
+    """model.video_total_pixels reaches the policy (load_policy) and shrinks every video's frames; a part's own
+    total_pixels wins over it; a negative budget is a clear error."""
+    conv = lambda **extra: [{"role": "user", "content": [  # noqa: E731
+        {"type": "video", "video": moving_dot_frames(4), **extra}, {"type": "text", "text": "?"}]}]
+    grid = lambda policy, **extra: policy.encode_prompts([conv(**extra)]).vision[0]["video_grid_thw"].tolist()  # noqa: E731
+    free = load_policy(str(tiny_dirs["qwen2_5_vl"]), dtype="float32", device="cpu", **BOUNDS)
+    tight = load_policy(str(tiny_dirs["qwen2_5_vl"]), dtype="float32", device="cpu", **BOUNDS, video_total_pixels=2048)
+    assert tight.video_total_pixels == 2048
+    assert grid(free) == [[2, 4, 4]] and grid(tight) == [[2, 2, 2]]  # 4 frames of 64 x 64 -> 1,024 pixels each
+    assert grid(free, total_pixels=2048) == grid(tight) and grid(tight, total_pixels=10**6) == grid(free)
+    with pytest.raises(ValueError, match="total_pixels is a pixel budget >= 0"):
+        grid(free, total_pixels=-1)
+
+
 def test_a_video_file_is_sampled_at_the_rate(tiny_dirs, tmp_path):
     """A file of 16 frames at 8 fps (2 s) sampled at model.video_fps = 2: 4 frames -> 2 temporal patches, evenly
     spaced (frames 0, 5, 10, 15); Qwen2.5-VL's temporal positions follow the sampled rate."""
