@@ -153,8 +153,10 @@ class QwenVLPolicy(PolicyBase):
         # frames already sampled and resized (load_video): the video processor must neither sample nor resize them
         # again (a checkpoint's video processor has its own, larger pixel bounds); the metadata gives Qwen3-VL's
         # timestamps and Qwen2.5-VL's temporal positions
-        media_kwargs: dict[str, Any] = {"video_metadata": [m for _, m in loaded],
-                                        "videos_kwargs": {"do_sample_frames": False, "do_resize": False}} \
+        videos_kwargs = {"do_sample_frames": False, "do_resize": False}
+        if hasattr(self.processor.video_processor, "cap_pixels_per_frame"):  # transformers >= 5.19's budget switch:
+            videos_kwargs["cap_pixels_per_frame"] = False  # applied by load_video already (silences its notice)
+        media_kwargs: dict[str, Any] = {"video_metadata": [m for _, m in loaded], "videos_kwargs": videos_kwargs} \
             if loaded else {}
         images = images or None
         enc = self.processor(text=texts, images=images, videos=videos, padding=True, return_tensors="pt",

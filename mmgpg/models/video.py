@@ -77,7 +77,9 @@ def frame_max_pixels(frames: int, min_pixels: int, max_pixels: int, total_pixels
     >>> frame_max_pixels(16, 50176, 1003520, 100000, 14), frame_max_pixels(16, 3136, 1003520, 0, 14)
     (52684, 1003520)
 
-    Not rounded: qwen-vl-utils hands the same unrounded bound to ``smart_resize``.
+    Not rounded: qwen-vl-utils hands the same unrounded bound to ``smart_resize``. (transformers' Qwen video
+    processors apply the same rule under ``cap_pixels_per_frame``; mmgpg resizes the frames itself and switches
+    theirs off.)
     """
     total = total_pixels or default_total_pixels(patch_size)
     return min(max_pixels, max(total / frames * 2, int(min_pixels * 1.05)))
