@@ -5,8 +5,8 @@ per clip, HF vs vLLM, in one table.
     .venv-vllm/bin/python bench/video.py --engine vllm --no-decode        # the vLLM engine (vLLM environment)
 
 Decoding: an H.264 file of 64 frames of 224 x 224 at 16 fps, written with PyAV, read by
-:func:`mmgpg.models.qwen_vl.read_video` (every frame decoded, the sampled ones kept) 5 times; frames decoded per second
-over all reads. Steps: ``bench/families.py``'s measurement (4 GRPO steps, the first a warm-up, 4 prompts x G = 4,
+:func:`mmgpg.models.qwen_vl.read_video` (decoded in order up to the last sampled frame, only the sampled ones
+converted and kept) 5 times; frames decoded per second over all reads. Steps: ``bench/families.py``'s measurement (4 GRPO steps, the first a warm-up, 4 prompts x G = 4,
 24 new tokens, fp32, each configuration in a process of its own) on the embedded ``moving_shapes`` task with
 ``task.frames`` = 4, 8, 16 (112 x 112 frames, each resized within the default pixel bounds) and
 ``model.video_max_frames`` = 16: rollout s and completion tokens/s, update s, peak RSS per phase. The machine load is
