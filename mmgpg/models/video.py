@@ -17,7 +17,8 @@ def load_video(part: dict, patch_size: int) -> tuple[torch.Tensor, dict]:
     """One video part (after :func:`video_part`) as ``(frames [T, 3, H, W] float, metadata)``: a file's frames
     sampled by :func:`read_video`, or a list of frames (PIL images or image paths); each frame resized like an image
     (qwen-vl-utils' ``smart_resize`` to multiples of 2 x the patch, within the part's pixel bounds and its video's
-    pixel budget, :func:`frame_max_pixels`; every frame to the first one's size) and the frames padded to an even count with the last one (Qwen-VL encodes frames in pairs).
+    pixel budget, :func:`frame_max_pixels`; every frame to the first one's size) and the frames padded to an even
+    count with the last one (Qwen-VL encodes frames in pairs).
     The metadata (the frames' rate and indices) gives Qwen3-VL's timestamps and Qwen2.5-VL's temporal positions.
 
     Frame lists are loaded here, not by qwen-vl-utils: its frame-list path passes the merge factor where its image
