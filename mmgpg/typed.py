@@ -19,7 +19,7 @@ import re
 import textwrap
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, Literal
@@ -60,6 +60,18 @@ class ConfigError(ValueError):
 
 
 _MISSING = object()
+
+
+def check_choice(name: str, value: Any, choices: Collection[str]) -> None:
+    """Refuse ``value`` unless it is one of ``choices`` (a task's or a builder's named option), in one message.
+
+    >>> check_choice("kind", "count", ("count", "colour"))
+    >>> check_choice("kind", "size", ("count", "colour"))
+    Traceback (most recent call last):
+    ValueError: kind must be one of count, colour; got 'size'
+    """
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 def did_you_mean(word: str, candidates: Sequence[str]) -> str:

@@ -31,6 +31,7 @@ from mmgpg.task.data import load_records, open_image, shipped
 from mmgpg.task.judged import JudgedTask, require
 from mmgpg.task.judges import Judgement, label_judge
 from mmgpg.task.rewards import answer_or_whole, extract_answer, paper_label_match, strict_label_match
+from mmgpg.typed import check_choice
 
 DATASETS = {
     # name: (hub id of the 4-shot training set, subject, what to identify)
@@ -72,8 +73,7 @@ class FineGrainedTask(JudgedTask):
     """Directory the test images are relative to (the dataset's own root)."""
 
     def __post_init__(self):
-        if self.dataset not in DATASETS:
-            raise ValueError(f"dataset must be one of {', '.join(DATASETS)}; got {self.dataset!r}")
+        check_choice("dataset", self.dataset, DATASETS)
         super().__post_init__()
 
     @property

@@ -76,6 +76,7 @@ from mmgpg.task import Example, mathjudge
 from mmgpg.task.data import DataError, DataNotFound, load_records
 from mmgpg.task.judged import JudgedTask, require
 from mmgpg.task.judges import Judgement, check_protocol
+from mmgpg.typed import check_choice
 
 # ---- prompts ------------------------------------------------------------------------------------------------------
 
@@ -389,11 +390,9 @@ class MathTask(_MathTask):
     """Length (characters) over which the cosine falls."""
 
     def __post_init__(self):
-        if self.reward_protocol not in self.protocols:
-            raise ValueError(f"reward_protocol must be one of {', '.join(self.protocols)}; got {self.reward_protocol!r}")
+        check_choice("reward_protocol", self.reward_protocol, self.protocols)
         self.check_format_option()
-        if self.dataset not in TRAIN_SETS:
-            raise ValueError(f"dataset must be one of {', '.join(TRAIN_SETS)}; got {self.dataset!r}")
+        check_choice("dataset", self.dataset, TRAIN_SETS)
         recipe = TRAIN_SETS[self.dataset]
         funcs = list(self.reward_funcs) or list(recipe.reward_funcs)
         weights = list(self.reward_weights) or (list(recipe.reward_weights) if not self.reward_funcs
@@ -539,8 +538,7 @@ class _BenchmarkTask(_MathTask):
     """A hub dataset id or a local file/directory in the benchmark's schema; empty = the authors' hub dataset."""
 
     def __post_init__(self):
-        if self.reward_protocol not in self.protocols:
-            raise ValueError(f"reward_protocol must be one of {', '.join(self.protocols)}; got {self.reward_protocol!r}")
+        check_choice("reward_protocol", self.reward_protocol, self.protocols)
         self.check_format_option()
         protocol = self.reward_protocol
         self.rewards = {"accuracy": lambda completion, ex: self.judge(completion, ex, protocol).correct}

@@ -40,6 +40,7 @@ from mmgpg.task.rewards import (
     pixels_to_norm1000,
     strict_box_reward,
 )
+from mmgpg.typed import check_choice
 
 KINDS = ("count_mc", "count", "relation", "colour", "grounding")
 TAGS = "Output the thinking process in <think> </think> and final answer in <answer> </answer> tags."
@@ -63,8 +64,7 @@ class ScenesTask(JudgedTask):
     """Data seed; items are a pure function of (seed, kind, split, index)."""
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {', '.join(KINDS)}; got {self.kind!r}")
+        check_choice("kind", self.kind, KINDS)
         if self.num_train < 1 or self.num_test < 1:
             raise ValueError("num_train and num_test must be >= 1")
         super().__post_init__()

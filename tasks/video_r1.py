@@ -51,6 +51,7 @@ from mmgpg.task.data import DataNotFound, load_records, open_image
 from mmgpg.task.judged import JudgedTask, require
 from mmgpg.task.judges import Judgement
 from mmgpg.task.rewards import extract_answer
+from mmgpg.typed import check_choice
 
 PROBLEM_TYPES = ("multiple choice", "numerical", "OCR", "free-form", "regression")
 BENCHMARKS = ("mvbench", "tempcompass", "videomme", "videommmu", "vsibench", "mmvu")
@@ -244,8 +245,7 @@ class VideoR1Task(JudgedTask):
     """eval_<benchmark>.json of Video-R1-eval, or the folder holding it (its videos relative to that folder)."""
 
     def __post_init__(self):
-        if self.benchmark not in BENCHMARKS:
-            raise ValueError(f"benchmark must be one of {', '.join(BENCHMARKS)}; got {self.benchmark!r}")
+        check_choice("benchmark", self.benchmark, BENCHMARKS)
         super().__post_init__()
 
     def _eval_file(self) -> str:
@@ -266,8 +266,7 @@ class VideoR1Task(JudgedTask):
         kind, ptype = row["data_type"], row["problem_type"]
         if kind not in ("image", "video"):
             raise ValueError(f"data_type must be image or video; got {kind!r}")
-        if ptype not in PROBLEM_TYPES:
-            raise ValueError(f"problem_type must be one of {', '.join(PROBLEM_TYPES)}; got {ptype!r}")
+        check_choice("problem_type", ptype, PROBLEM_TYPES)
         gold = tagged(row["solution"])
         if not gold:
             raise ValueError(f"solution {row['solution'][:80]!r} holds no <answer>...</answer>: no gold answer to score "

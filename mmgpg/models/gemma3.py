@@ -12,7 +12,8 @@ mask needs sdpa or eager). Imports no torch at module level.
 from __future__ import annotations
 
 from mmgpg.models import Family
-from mmgpg.models.tiny import TINY, Dims, build_family_tokenizer, check_choice, family_generation_ids
+from mmgpg.models.tiny import TINY, Dims, build_family_tokenizer, family_generation_ids
+from mmgpg.typed import check_choice
 
 GEMMA3 = Family(
     "gemma3", "Gemma 3", policy="mmgpg.models.generic:ImageTextPolicy", tiny="mmgpg.models.gemma3",

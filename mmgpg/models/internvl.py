@@ -17,9 +17,9 @@ from mmgpg.models.tiny import (
     TINY,
     Dims,
     build_family_tokenizer,
-    check_choice,
     family_generation_ids,
 )
+from mmgpg.typed import check_choice
 
 INTERNVL = Family(
     "internvl", "InternVL", policy="mmgpg.models.generic:ImageTextPolicy", tiny="mmgpg.models.internvl",

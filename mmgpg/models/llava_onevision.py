@@ -12,7 +12,8 @@ grounding convention is documented. Imports no torch at module level.
 from __future__ import annotations
 
 from mmgpg.models import Family
-from mmgpg.models.tiny import TINY, Dims, build_family_tokenizer, check_choice, family_generation_ids
+from mmgpg.models.tiny import TINY, Dims, build_family_tokenizer, family_generation_ids
+from mmgpg.typed import check_choice
 
 LLAVA_ONEVISION = Family(
     "llava_onevision", "LLaVA-OneVision", policy="mmgpg.models.generic:ImageTextPolicy",

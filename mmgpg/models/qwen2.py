@@ -9,7 +9,8 @@ Imports no torch at module level: reading a family's facts (``mmgpg config show`
 from __future__ import annotations
 
 from mmgpg.models import Family
-from mmgpg.models.tiny import QWEN_SPECIAL_TOKENS, TINY, Dims, check_choice
+from mmgpg.models.tiny import QWEN_SPECIAL_TOKENS, TINY, Dims
+from mmgpg.typed import check_choice
 
 # Linear layers of the vision tower's blocks: Qwen2-VL (fc1/fc2) and Qwen2.5-VL (gated MLP); the merger MLP's two
 # Linear layers (index 1 is the GELU).

@@ -20,7 +20,8 @@ from __future__ import annotations
 from mmgpg.models import Family
 from mmgpg.models import family as family_spec
 from mmgpg.models.qwen2 import MEDIA_PARTS, MROPE_PACKING, TEXT_PARTS, chat_template
-from mmgpg.models.tiny import QWEN_SPECIAL_TOKENS, TINY, Dims, check_choice
+from mmgpg.models.tiny import QWEN_SPECIAL_TOKENS, TINY, Dims
+from mmgpg.typed import check_choice
 
 # The vision blocks' linear layers (attention qkv/proj, the MLP's linear_fc1/linear_fc2) and the mergers' (the final
 # merger and the DeepStack mergers: linear_fc1/linear_fc2 each).

@@ -12,7 +12,8 @@ the ``num2words`` package. No grounding convention is documented. Imports no tor
 from __future__ import annotations
 
 from mmgpg.models import Family
-from mmgpg.models.tiny import TINY, Dims, build_family_tokenizer, check_choice, family_generation_ids
+from mmgpg.models.tiny import TINY, Dims, build_family_tokenizer, family_generation_ids
+from mmgpg.typed import check_choice
 
 GRID = tuple(f"<row_{r}_col_{c}>" for r in range(1, 5) for c in range(1, 5))
 SMOLVLM = Family(

@@ -28,6 +28,7 @@ from types import ModuleType
 
 from mmgpg.models import FAMILIES, Family
 from mmgpg.models import family as family_spec
+from mmgpg.typed import check_choice
 
 # Qwen2-VL's special tokens, in the order of their ids in the real tokenizer (151643 ... 151656).
 QWEN_SPECIAL_TOKENS: tuple[str, ...] = (
@@ -85,11 +86,6 @@ class Dims:
 TINY_VOCAB = 1024
 # head_dim 32 -> mrope_section must sum to head_dim / 2 = 16.
 TINY = Dims(TINY_VOCAB, 128, 512, 2, 4, 2, (4, 6, 6), 1e4, False, 2, 64, 4, 128)
-
-
-def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
 def parts(family: str) -> tuple[Family, ModuleType]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mmgpg.task import Example, LazyExamples, Task, media_parts
+from mmgpg.typed import check_choice
 
 
 @dataclass
@@ -38,8 +39,7 @@ class JudgedTask(Task):
     reads the reward already computed instead of judging the completion a second time."""
 
     def __post_init__(self):
-        if self.reward_protocol not in self.protocols:
-            raise ValueError(f"reward_protocol must be one of {', '.join(self.protocols)}; got {self.reward_protocol!r}")
+        check_choice("reward_protocol", self.reward_protocol, self.protocols)
         protocol = self.reward_protocol
         self.rewards = {"accuracy": lambda completion, ex: self.accuracy_reward(completion, ex, protocol)}
         if self.format_reward:
